@@ -1,0 +1,42 @@
+# feature_outbox: `make demo` runs the main job on real data; `make test` runs every test.
+# Both install what is missing first (scripts/setup.sh), so a fresh Debian 12 machine needs nothing else.
+
+PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+PGRX_PGDATA ?= /var/tmp/feature_outbox_pgrx
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: setup build install install-test test unit-test pg-test demo bench clean
+
+setup:
+	bash scripts/setup.sh
+
+build: setup
+	cargo build --release
+
+## install: the release extension into the Debian PostgreSQL 15 (stop clusters that loaded it first).
+install: setup
+	cargo pgrx install --release --pg-config $(PG_CONFIG) $(if $(SUDO),--sudo)
+
+## install-test: the debug build with the fault-injection point the relay tests use.
+install-test: setup
+	cargo pgrx install --features fault-injection --pg-config $(PG_CONFIG) $(if $(SUDO),--sudo)
+
+## unit-test: pure-Rust unit tests and #[pg_test]s, in a throwaway cluster run as the postgres user.
+unit-test: setup
+	$(SUDO) install -d -o postgres -g postgres $(PGRX_PGDATA)
+	cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_PGDATA)
+
+## pg-test: SQL regression files and the end-to-end harness (real data, NATS, HTTP) in pg_test/.
+pg-test: install-test
+	bash pg_test/run.sh
+
+test: unit-test pg-test
+
+demo: setup
+	bash demo/run.sh
+
+bench: install
+	bash bench/run.sh
+
+clean:
+	cargo clean

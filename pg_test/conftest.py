@@ -1,0 +1,65 @@
+"""Fixtures shared by the end-to-end tests: a throwaway PostgreSQL 15 cluster that preloads
+feature_outbox (run as the postgres user, own port and data directory), and helpers to reach it."""
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("FEATURE_OUTBOX_SHARED", ROOT.parent / "shared"))
+COUNTIES = SHARED / "data" / "us-counties.geojsonl"
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+RUN_DIR = Path(os.environ.get("FEATURE_OUTBOX_TEST_DIR", "/var/tmp/feature_outbox_test"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, directory: Path, port: int):
+        self.dir, self.port = directory, port
+
+    def start(self, *settings: str) -> None:
+        subprocess.run([ROOT / "scripts/cluster.sh", "start", self.dir, str(self.port), *settings], check=True)
+
+    def stop(self) -> None:
+        subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=True)
+
+    def restart(self) -> None:
+        as_pg = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
+        subprocess.run([*as_pg, PG_BIN / "pg_ctl", "-D", self.dir / "data", "-l", self.dir / "server.log",
+                        "-w", "-m", "fast", "restart"], check=True, stdout=subprocess.DEVNULL)
+
+    def dsn(self, db: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={db}"
+
+    def connect(self, db: str = "postgres") -> psycopg.Connection:
+        return psycopg.connect(self.dsn(db), autocommit=True)
+
+    def create_db(self, db: str) -> None:
+        with self.connect() as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            c.execute(f'CREATE DATABASE "{db}"')
+
+    def psql(self, db: str, *args: str, stdin: str | None = None) -> str:
+        out = subprocess.run([PG_BIN / "psql", "-X", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                              "-d", db, *args], input=stdin, capture_output=True, text=True)
+        return out.stdout + out.stderr
+
+    def log(self) -> str:
+        return (self.dir / "server.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    c = Cluster(RUN_DIR / "pg", free_port())
+    c.start()
+    yield c
+    c.stop()

@@ -1,0 +1,25 @@
+-- Loaded (not echoed) into each regression database before its test file.
+SET client_min_messages = warning;
+CREATE EXTENSION feature_outbox CASCADE;
+RESET client_min_messages;
+
+-- Runs a statement and returns 'ok', or its SQLSTATE, message and hint: stable expected output.
+CREATE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    state text; msg text; hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+    RETURN state || ': ' || msg || CASE WHEN hint <> '' THEN E'\n  HINT: ' || hint ELSE '' END;
+END
+$$;
+
+-- A fingerprint of everything edit_feature writes: row counts and the sum of versions.
+CREATE FUNCTION written() RETURNS text LANGUAGE sql AS $$
+    SELECT format('features=%s versions=%s outbox=%s',
+                  (SELECT count(*) FROM feature_outbox.features),
+                  (SELECT coalesce(sum(version), 0) FROM feature_outbox.features),
+                  (SELECT count(*) FROM feature_outbox.outbox))
+$$;

@@ -1,0 +1,22 @@
+-- The backlog view: one row, age never negative, cost independent of retained published history.
+SELECT unpublished_rows, oldest_unpublished_at, oldest_unpublished_age, last_published_at FROM feature_outbox.backlog;
+
+SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%s,45]}', i % 170), 'created')
+  FROM generate_series(1, 3) i \g /dev/null
+SELECT unpublished_rows, oldest_unpublished_age >= interval '0' AS age_not_negative,
+       oldest_unpublished_at <= now() AS at_not_in_future, last_published_at FROM feature_outbox.backlog;
+
+-- 100k published rows of history, then the plan: the partial index, no sequential scan of the outbox.
+INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, published_at, created_at)
+SELECT i, 1, 'created', '8800000000fffff', now() - interval '1 hour', now() - interval '2 hours'
+  FROM generate_series(100, 100099) i;
+ANALYZE feature_outbox.outbox;
+SELECT unpublished_rows, last_published_at = now() - interval '1 hour' AS last_published FROM feature_outbox.backlog;
+CREATE FUNCTION plan_of(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+    FOR l IN EXECUTE 'EXPLAIN ' || q LOOP RETURN NEXT l; END LOOP;
+END $$;
+SELECT count(*) FILTER (WHERE l LIKE '%Seq Scan on outbox%') AS seq_scans_of_outbox,
+       count(*) FILTER (WHERE l LIKE '%outbox_unpublished%') > 0 AS uses_partial_index
+  FROM plan_of('SELECT * FROM feature_outbox.backlog') l;

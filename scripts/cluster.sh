@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL 15 cluster, run as the postgres user on its own port and data directory,
+# never the system cluster. Used by the test harness and the demo.
+#   cluster.sh start DIR PORT ["setting = value" ...]   fresh initdb, preloads feature_outbox, starts
+#   cluster.sh stop DIR
+set -euo pipefail
+BIN=/usr/lib/postgresql/15/bin
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+
+as_postgres() {
+  if [ "$(id -un)" = postgres ]; then "$@"; elif [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi
+}
+
+cmd=${1:?usage: cluster.sh start DIR PORT [settings...] | stop DIR}
+dir=${2:?data directory parent}
+case "$cmd" in
+  start)
+    port=${3:?port}; shift 3
+    if [ -f "$dir/data/postmaster.pid" ]; then as_postgres "$BIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; fi
+    $SUDO rm -rf "$dir"
+    $SUDO install -d -o postgres -g postgres -m 0700 "$dir"
+    as_postgres "$BIN/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --no-sync >"/tmp/initdb.$$.log" 2>&1 \
+      || { cat "/tmp/initdb.$$.log"; exit 1; }
+    rm -f "/tmp/initdb.$$.log"
+    {
+      echo "port = $port"
+      echo "listen_addresses = '127.0.0.1'"
+      echo "unix_socket_directories = '$dir'"
+      echo "shared_preload_libraries = 'feature_outbox'"
+      echo "fsync = off"
+      echo "synchronous_commit = off"
+      echo "log_min_messages = log"
+      for setting in "$@"; do echo "$setting"; done
+    } | as_postgres tee -a "$dir/data/postgresql.auto.conf" >/dev/null
+    as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    ;;
+  stop)
+    if [ -f "$dir/data/postmaster.pid" ]; then as_postgres "$BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null; fi
+    ;;
+  *) echo "unknown command $cmd" >&2; exit 2 ;;
+esac

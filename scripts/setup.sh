@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything the build, tests and demo need on a fresh Debian 12 machine.
+# Idempotent: each step is skipped when already done. Runs as root or via sudo.
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+PKGS=(postgresql-15 postgresql-server-dev-15 postgresql-15-postgis-3 nats-server
+      clang libclang-dev pkg-config sudo)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  # Debian's postgresql-common would create and start a 15/main cluster; we never use it.
+  $SUDO mkdir -p /etc/postgresql-common/createcluster.d
+  echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.d/no-main.conf >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo-pgrx >/dev/null 2>&1 || ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then
+  echo "setup: installing cargo-pgrx $PGRX_VERSION"
+  cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+PGRX_HOME="${PGRX_HOME:-$HOME/.pgrx}"
+if ! grep -qs "pg15" "$PGRX_HOME/config.toml"; then
+  echo "setup: cargo pgrx init --pg15 $PG_CONFIG"
+  cargo pgrx init --pg15 "$PG_CONFIG"
+fi
+# Python test harness and reference-fixture tools, in the project's own virtualenv.
+VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if [ ! -x "$VENV/bin/pytest" ] || ! "$VENV/bin/python" -c "import psycopg, nats, standardwebhooks, h3" 2>/dev/null; then
+  echo "setup: creating $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/../pg_test/requirements.txt"
+fi
+echo "setup: done"

@@ -1,0 +1,203 @@
+-- edit_feature: one call writes the feature and exactly one outbox row in the caller's transaction.
+-- No triggers. Geometry work stays in PostGIS; GeoJSON parsing, coordinate checks and the H3 cell
+-- are Rust (_geojson_to_ewkb, _check_coordinates, _crosses_antimeridian, _routing_cell).
+
+-- The routing point: ST_PointOnSurface of a made-valid copy when invalid, computed on the
+-- longitude-shifted shape when a ring crosses the antimeridian, then wrapped back to [-180, 180].
+-- It lies inside the feature's footprint, unlike ST_Centroid (the guide's gotcha 6).
+CREATE FUNCTION _routing_point(g geometry) RETURNS geometry
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+    WITH base AS (
+        SELECT CASE WHEN (ST_IsValidDetail(g)).valid THEN g ELSE ST_MakeValid(g) END AS g
+    ), shifted AS (
+        SELECT CASE WHEN _crosses_antimeridian(ST_AsBinary(base.g))
+                    THEN ST_PointOnSurface(ST_ShiftLongitude(base.g))
+                    ELSE ST_PointOnSurface(base.g) END AS p
+          FROM base
+    )
+    SELECT CASE WHEN ST_X(p) > 180 THEN ST_Translate(p, -360, 0) ELSE p END FROM shifted
+$$;
+
+CREATE FUNCTION routing_key(g geometry) RETURNS text
+LANGUAGE sql STABLE STRICT PARALLEL SAFE
+AS $$ SELECT _routing_cell(ST_AsBinary(_routing_point(g))) $$;
+COMMENT ON FUNCTION routing_key(geometry) IS
+    'H3 cell (lowercase hex) of the routing point of an EPSG:4326 geometry, at feature_outbox.h3_resolution.';
+
+-- Validates a geometry, transforms it to EPSG:4326 and applies feature_outbox.invalid_geometry.
+-- Every failure is a class-22 error raised before anything is written.
+CREATE FUNCTION _prepare_geometry(g geometry) RETURNS geometry
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_srid integer := ST_SRID(g);
+    kind text := GeometryType(g);
+    detail record;
+BEGIN
+    IF v_srid = 0 THEN
+        RAISE EXCEPTION 'geometry has SRID 0 (unknown coordinate system)' USING ERRCODE = '22023',
+            HINT = 'Give it one, e.g. ST_SetSRID(geom, 4326) for longitude/latitude in degrees.';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM spatial_ref_sys s WHERE s.srid = v_srid) THEN
+        RAISE EXCEPTION 'unknown SRID %', v_srid USING ERRCODE = '22023',
+            HINT = 'Use an EPSG code listed in spatial_ref_sys, or transform to 4326 first.';
+    END IF;
+    IF kind IN ('CIRCULARSTRING', 'COMPOUNDCURVE', 'CURVEPOLYGON', 'MULTICURVE', 'MULTISURFACE')
+       OR ST_HasArc(g) THEN
+        RAISE EXCEPTION 'curved geometry type % is not supported', kind USING ERRCODE = '22023',
+            HINT = 'Linearize it first with ST_CurveToLine(geom).';
+    END IF;
+    IF kind IN ('TRIANGLE', 'TIN', 'POLYHEDRALSURFACE') THEN
+        RAISE EXCEPTION 'geometry type % is not supported', kind USING ERRCODE = '22023',
+            HINT = 'Use Point, LineString, Polygon, their Multi forms or a GeometryCollection.';
+    END IF;
+    IF ST_NDims(g) > 2 THEN
+        RAISE EXCEPTION 'geometry has % ordinates; features are 2-D', CASE WHEN ST_HasM(g) AND ST_NDims(g) = 3 THEN 'M' ELSE 'Z or M' END
+            USING ERRCODE = '22023', HINT = 'Drop them first with ST_Force2D(geom).';
+    END IF;
+
+    IF v_srid <> 4326 THEN
+        PERFORM _check_coordinates(ST_AsBinary(g), false);
+        BEGIN
+            g := ST_Transform(g, 4326);
+        EXCEPTION WHEN internal_error OR data_exception THEN
+            RAISE EXCEPTION 'cannot transform geometry from SRID % to 4326', v_srid USING ERRCODE = '22023',
+                DETAIL = SQLERRM, HINT = 'Check that the coordinates are inside the area of use of that SRID.';
+        END;
+    END IF;
+    PERFORM _check_coordinates(ST_AsBinary(g), true);
+
+    detail := ST_IsValidDetail(g);
+    IF NOT detail.valid THEN
+        CASE current_setting('feature_outbox.invalid_geometry')
+        WHEN 'reject' THEN
+            RAISE EXCEPTION 'geometry is not valid: %', detail.reason USING ERRCODE = '22023',
+                DETAIL = format('ST_IsValidReason: %s', ST_IsValidReason(g)),
+                HINT = 'Repair it with ST_MakeValid(geom), or set feature_outbox.invalid_geometry = repair.';
+        WHEN 'repair' THEN
+            g := ST_MakeValid(g);
+        ELSE
+            NULL;  -- accept: store as given; the routing point still comes from a made-valid copy
+        END CASE;
+    END IF;
+    RETURN g;
+END
+$$;
+
+CREATE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    g geometry;
+    old_geom geometry;
+    old_retired timestamptz;
+    new_version integer;
+    previous_key text;
+BEGIN
+    IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
+        RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
+            USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, retired.';
+    END IF;
+    IF p_feature_id IS NULL THEN
+        RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF p_geom IS NULL THEN
+        IF p_event_type <> 'retired' THEN
+            RAISE EXCEPTION 'geometry must not be NULL for a % event', p_event_type USING ERRCODE = '22004',
+                HINT = 'Only a retired event may omit the geometry; it then keeps the last one.';
+        END IF;
+    ELSIF ST_IsEmpty(p_geom) THEN
+        RAISE EXCEPTION 'geometry is empty' USING ERRCODE = '22023',
+            HINT = 'A feature needs a non-empty geometry. To remove a feature, send a retired event.';
+    ELSE
+        g := _prepare_geometry(p_geom);
+    END IF;
+
+    IF p_event_type = 'created' THEN
+        INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
+        ON CONFLICT (id) DO NOTHING
+        RETURNING f.version INTO new_version;
+        IF new_version IS NULL THEN
+            RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
+                HINT = 'Send a moved event to change it; ids of retired features are not reused.';
+        END IF;
+    ELSE
+        SELECT f.geom, f.retired_at INTO old_geom, old_retired
+          FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
+                HINT = 'Send a created event first.';
+        END IF;
+        IF old_retired IS NOT NULL THEN
+            RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
+                DETAIL = format('It was retired at %s.', old_retired),
+                HINT = 'A retired feature takes no further edits; create a new feature id.';
+        END IF;
+        previous_key := routing_key(old_geom);
+        UPDATE features f
+           SET geom = coalesce(g, f.geom),
+               version = f.version + 1,
+               updated_at = now(),
+               retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
+         WHERE f.id = p_feature_id
+        RETURNING f.version INTO new_version;
+        g := coalesce(g, old_geom);
+    END IF;
+
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
+    VALUES (p_feature_id, new_version, p_event_type, routing_key(g), previous_key);
+    RETURN new_version;
+END
+$$;
+
+CREATE FUNCTION edit_feature(feature_id bigint, geometry text, event_type text) RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $$ SELECT _edit($1, ST_GeomFromEWKB(_geojson_to_ewkb($2)), $3) $$;
+COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
+    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: GeoJSON geometry '
+    '(RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | retired. Returns the new version.';
+
+CREATE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+AS $$ SELECT _edit($1, $2, $3) $$;
+COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
+    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: any known SRID, '
+    'transformed to 4326; event_type: created | moved | retired. Returns the new version.';
+
+-- The backlog in one row. Cost follows the unpublished rows (partial index), never retained history.
+CREATE VIEW backlog AS
+SELECT u.unpublished_rows,
+       u.oldest_unpublished_at,
+       greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
+       (SELECT max(o.published_at) FROM outbox o WHERE o.published_at IS NOT NULL) AS last_published_at
+  FROM (SELECT count(*) AS unpublished_rows,
+               min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at
+          FROM outbox o
+         WHERE o.published_at IS NULL) u;
+COMMENT ON VIEW backlog IS 'Unpublished outbox rows and the age of the oldest: alert on the age (guide, gotcha 4).';
+
+-- Privileges: PUBLIC may read the feature table and the views, and write nothing. Applications get
+-- EXECUTE on edit_feature explicitly (README), so they cannot bypass the outbox (guide, gotcha 5).
+REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit(bigint, geometry, text) FROM PUBLIC;
+REVOKE ALL ON TABLE features, outbox FROM PUBLIC;
+GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
+
+-- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema
+-- PostGIS lives in (any schema), then ours. Done here because PostGIS's schema is known only now.
+DO $pin$
+DECLARE
+    postgis_schema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                             WHERE e.extname = 'postgis');
+    fn regprocedure;
+BEGIN
+    FOR fn IN SELECT p.oid::regprocedure FROM pg_proc p
+               WHERE p.pronamespace = 'feature_outbox'::regnamespace
+                 AND p.prolang IN (SELECT oid FROM pg_language WHERE lanname IN ('sql', 'plpgsql'))
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, feature_outbox, pg_temp', fn, postgis_schema);
+    END LOOP;
+END
+$pin$;

@@ -1,0 +1,44 @@
+-- Tables of feature_outbox. The control file pins the schema (schema = feature_outbox), so every
+-- object lands there and nothing collides with a user's own `features` table.
+
+CREATE TABLE features (
+    id          bigint PRIMARY KEY,
+    geom        geometry(Geometry, 4326) NOT NULL,
+    version     integer     NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    retired_at  timestamptz                      -- NULL while live
+);
+COMMENT ON TABLE features IS 'Feature geometries written by edit_feature; version counts every edit.';
+
+CREATE TABLE outbox (
+    id                   bigserial   PRIMARY KEY,
+    -- The idempotency key: unique per event, stable across every retry; sent as Nats-Msg-Id / webhook-id.
+    event_id             uuid        NOT NULL DEFAULT gen_random_uuid() UNIQUE,
+    feature_id           bigint      NOT NULL,
+    feature_version      integer     NOT NULL,   -- the version this event describes
+    event_type           text        NOT NULL CHECK (event_type IN ('created', 'moved', 'retired')),
+    routing_key          text        NOT NULL,   -- H3 cell of the geometry written by this edit
+    previous_routing_key text,                   -- H3 cell of the geometry before it; NULL for created
+    schema_version       integer     NOT NULL DEFAULT 2,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    published_at         timestamptz,            -- set by the relay after the sink acknowledged
+    -- Relay bookkeeping for failed deliveries (see README, "Failures").
+    attempts             integer     NOT NULL DEFAULT 0,
+    last_error           text,
+    last_attempt_at      timestamptz,
+    next_attempt_at      timestamptz,
+    parked_at            timestamptz
+    -- Deliberately no geometry column: the relay joins features, so an edit writes its shape once.
+);
+COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';
+
+-- The relay only ever scans unpublished rows, so index exactly those.
+CREATE INDEX outbox_unpublished ON outbox (id) WHERE published_at IS NULL;
+-- Retention deletes and last_published_at read published rows by time, without scanning history.
+CREATE INDEX outbox_published_at ON outbox (published_at) WHERE published_at IS NOT NULL;
+
+-- pg_dump keeps the rows (and the sequence position) of extension tables only when registered.
+SELECT pg_catalog.pg_extension_config_dump('features', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox_id_seq', '');
