@@ -50,8 +50,9 @@ class Cluster:
 
     def psql(self, db: str, *args: str, stdin: str | None = None) -> str:
         out = subprocess.run([PG_BIN / "psql", "-X", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                              "-d", db, *args], input=stdin, capture_output=True, text=True)
-        return out.stdout + out.stderr
+                              "-d", db, *args], input=stdin, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        return out.stdout
 
     def log(self) -> str:
         return (self.dir / "server.log").read_text(errors="replace")

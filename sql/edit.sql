@@ -53,7 +53,7 @@ BEGIN
             HINT = 'Use Point, LineString, Polygon, their Multi forms or a GeometryCollection.';
     END IF;
     IF ST_NDims(g) > 2 THEN
-        RAISE EXCEPTION 'geometry has % ordinates; features are 2-D', CASE WHEN ST_HasM(g) AND ST_NDims(g) = 3 THEN 'M' ELSE 'Z or M' END
+        RAISE EXCEPTION 'geometry has % ordinates; features are 2-D', (ARRAY['M', 'Z', 'Z and M'])[ST_Zmflag(g)]
             USING ERRCODE = '22023', HINT = 'Drop them first with ST_Force2D(geom).';
     END IF;
 
@@ -63,7 +63,7 @@ BEGIN
             g := ST_Transform(g, 4326);
         EXCEPTION WHEN internal_error OR data_exception THEN
             RAISE EXCEPTION 'cannot transform geometry from SRID % to 4326', v_srid USING ERRCODE = '22023',
-                DETAIL = SQLERRM, HINT = 'Check that the coordinates are inside the area of use of that SRID.';
+                DETAIL = SQLERRM, HINT = 'Check the SRID''s definition in spatial_ref_sys and that the coordinates lie inside its area of use.';
         END;
     END IF;
     PERFORM _check_coordinates(ST_AsBinary(g), true);

@@ -17,7 +17,9 @@ SELECT try($$SELECT feature_outbox.edit_feature(2, 'POINT(1 2)'::geometry, 'crea
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('POINT(1 2)'::geometry, 999999), 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1,2],"crs":{"type":"name","properties":{"name":"EPSG:999999"}}}', 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1,2],"crs":{"type":"name","properties":{"name":"my-crs"}}}', 'created')$$);
-SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('POINT(1e30 1e30)'::geometry, 3857), 'created')$$);
+INSERT INTO spatial_ref_sys (srid, auth_name, auth_srid, srtext, proj4text)
+VALUES (990001, 'test', 990001, '', '+proj=no_such_projection +datum=WGS84');
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('POINT(1 2)'::geometry, 990001), 'created')$$);
 -- Non-finite ordinates anywhere.
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakePoint('NaN'::float8, 1), 4326), 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakeLine(ST_MakePoint(0, 0), ST_MakePoint(1, 'Infinity'::float8)), 4326), 'created')$$);

@@ -11,7 +11,7 @@ INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, rout
 SELECT i, 1, 'created', '8800000000fffff', now() - interval '1 hour', now() - interval '2 hours'
   FROM generate_series(100, 100099) i;
 ANALYZE feature_outbox.outbox;
-SELECT unpublished_rows, last_published_at = now() - interval '1 hour' AS last_published FROM feature_outbox.backlog;
+SELECT unpublished_rows, last_published_at = (SELECT max(published_at) FROM feature_outbox.outbox) AS last_published FROM feature_outbox.backlog;
 CREATE FUNCTION plan_of(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE l text;
 BEGIN
