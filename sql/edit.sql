@@ -147,6 +147,7 @@ BEGIN
 
     INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
     VALUES (p_feature_id, new_version, p_event_type, routing_key(g), previous_key);
+    PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
     RETURN new_version;
 END
 $$;
@@ -165,39 +166,3 @@ COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
     'Writes a feature edit and its outbox row in the caller''s transaction. geometry: any known SRID, '
     'transformed to 4326; event_type: created | moved | retired. Returns the new version.';
 
--- The backlog in one row. Cost follows the unpublished rows (partial index), never retained history.
-CREATE VIEW backlog AS
-SELECT u.unpublished_rows,
-       u.oldest_unpublished_at,
-       greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
-       (SELECT max(o.published_at) FROM outbox o WHERE o.published_at IS NOT NULL) AS last_published_at
-  FROM (SELECT count(*) AS unpublished_rows,
-               min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at
-          FROM outbox o
-         WHERE o.published_at IS NULL) u;
-COMMENT ON VIEW backlog IS 'Unpublished outbox rows and the age of the oldest: alert on the age (guide, gotcha 4).';
-
--- Privileges: PUBLIC may read the feature table and the views, and write nothing. Applications get
--- EXECUTE on edit_feature explicitly (README), so they cannot bypass the outbox (guide, gotcha 5).
-REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _edit(bigint, geometry, text) FROM PUBLIC;
-REVOKE ALL ON TABLE features, outbox FROM PUBLIC;
-GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
-
--- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema
--- PostGIS lives in (any schema), then ours. Done here because PostGIS's schema is known only now.
-DO $pin$
-DECLARE
-    postgis_schema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
-                             WHERE e.extname = 'postgis');
-    fn regprocedure;
-BEGIN
-    FOR fn IN SELECT p.oid::regprocedure FROM pg_proc p
-               WHERE p.pronamespace = 'feature_outbox'::regnamespace
-                 AND p.prolang IN (SELECT oid FROM pg_language WHERE lanname IN ('sql', 'plpgsql'))
-    LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, feature_outbox, pg_temp', fn, postgis_schema);
-    END LOOP;
-END
-$pin$;

@@ -1,16 +1,23 @@
 //! feature_outbox: a transactional outbox for PostGIS feature edits.
 //!
 //! `edit_feature` writes a feature and a thin outbox row in the caller's transaction; the routing key
-//! is the H3 cell of the feature's routing point. One module per concern; schema SQL lives in sql/.
+//! is the H3 cell of the feature's routing point. Background workers relay the outbox to NATS
+//! JetStream or HTTP. One module per concern; schema SQL lives in sql/.
 
 use pgrx::prelude::*;
 
+mod backoff;
 mod edit;
+mod event;
 mod geojson;
 mod geometry;
 mod input_error;
+mod monitoring;
+mod relay;
+mod relay_state;
 mod routing;
 mod settings;
+mod sinks;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -18,11 +25,32 @@ mod tests;
 pgrx::pg_module_magic!();
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-extension_sql_file!("../sql/edit.sql", name = "edit", finalize);
+extension_sql_file!(
+    "../sql/edit.sql",
+    name = "edit",
+    requires = [
+        "schema",
+        edit::_geojson_to_ewkb,
+        edit::_check_coordinates,
+        edit::_crosses_antimeridian,
+        edit::_routing_cell,
+        relay_state::_wake_relay_at_commit
+    ]
+);
+extension_sql_file!(
+    "../sql/monitoring.sql",
+    name = "monitoring",
+    requires = ["edit", monitoring::_relay_workers, monitoring::_relay_status]
+);
+extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::init();
+    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        relay_state::init();
+        relay::register_workers();
+    }
 }
 
 /// Required by `cargo pgrx test`.

@@ -1,5 +1,10 @@
 //! GUCs. Every setting is `feature_outbox.<name>`; the README lists them with context and default.
 
+use std::ffi::{CStr, CString};
+use std::time::Duration;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 
 /// What `edit_feature` does with a well-formed geometry that fails `ST_IsValid`.
@@ -16,7 +21,24 @@ pub enum InvalidGeometry {
 pub static H3_RESOLUTION: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static INVALID_GEOMETRY: GucSetting<InvalidGeometry> = GucSetting::<InvalidGeometry>::new(InvalidGeometry::Accept);
 
-/// Defines the settings every backend needs (edit_feature's). Called from `_PG_init`.
+pub static RELAY_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(200);
+pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
+pub static PUBLISH_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static RETRY_BACKOFF_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static RETRY_BACKOFF_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+pub static HTTP_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static TLS_CA_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static NATS_SUBJECT_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"features"));
+pub static NATS_STREAM: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"FEATURES"));
+pub static NATS_DUPLICATE_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(600);
+pub static NATS_REPLICAS: GucSetting<i32> = GucSetting::<i32>::new(1);
+
+/// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
 pub fn init() {
     GucRegistry::define_int_guc(
         c"feature_outbox.h3_resolution",
@@ -36,4 +58,82 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        GucRegistry::define_int_guc(
+            c"feature_outbox.relay_workers",
+            c"Number of relay background workers (0-32). Each counts against max_worker_processes.",
+            c"0 starts no relay.",
+            &RELAY_WORKERS,
+            0,
+            32,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+        GucRegistry::define_string_guc(
+            c"feature_outbox.database",
+            c"Database whose outbox the relay workers publish.",
+            c"",
+            &DATABASE,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+    let sighup = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<i32>, min: i32, max: i32, flags: GucFlags| {
+        GucRegistry::define_int_guc(name, short, c"", setting, min, max, GucContext::Sighup, flags)
+    };
+    sighup(c"feature_outbox.batch_size", c"Outbox rows a relay worker claims per transaction.", &BATCH_SIZE, 1, 10_000, GucFlags::default());
+    sighup(c"feature_outbox.poll_interval", c"Fallback poll interval of an idle relay worker; commits wake it sooner.", &POLL_INTERVAL_MS, 10, 3_600_000, GucFlags::UNIT_MS);
+    sighup(c"feature_outbox.retention", c"Published outbox rows older than this are deleted; 0 keeps them.", &RETENTION_S, 0, i32::MAX, GucFlags::UNIT_S);
+    sighup(c"feature_outbox.publish_timeout", c"Timeout of one publish (HTTP request or NATS PubAck).", &PUBLISH_TIMEOUT_MS, 1, 3_600_000, GucFlags::UNIT_MS);
+    sighup(c"feature_outbox.max_attempts", c"Row-level failures after which a row is parked; 0 never parks.", &MAX_ATTEMPTS, 0, i32::MAX, GucFlags::default());
+    sighup(c"feature_outbox.retry_backoff_min", c"Floor of the relay's exponential retry backoff.", &RETRY_BACKOFF_MIN_MS, 1, 86_400_000, GucFlags::UNIT_MS);
+    sighup(c"feature_outbox.retry_backoff_max", c"Cap of the relay's exponential retry backoff (also caps Retry-After).", &RETRY_BACKOFF_MAX_MS, 1, 86_400_000, GucFlags::UNIT_MS);
+    sighup(c"feature_outbox.nats_duplicate_window", c"JetStream duplicate window of the stream the relay creates.", &NATS_DUPLICATE_WINDOW_S, 1, 7 * 86_400, GucFlags::UNIT_S);
+    sighup(c"feature_outbox.nats_replicas", c"Replicas of the JetStream stream the relay creates.", &NATS_REPLICAS, 1, 5, GucFlags::default());
+    let string = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
+        GucRegistry::define_string_guc(name, short, c"", setting, GucContext::Sighup, GucFlags::default())
+    };
+    string(c"feature_outbox.endpoint", c"Sink URL: nats://, tls:// (NATS JetStream) or http://, https:// (webhook).", &ENDPOINT);
+    string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA trusted for the sink's TLS, besides the system roots.", &TLS_CA_FILE);
+    string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
+    string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.http_secret",
+            c"Standard Webhooks signing secret (whsec_<base64>); shown to superusers only.",
+            c"",
+            &HTTP_SECRET,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            Some(show_secret),
+        );
+    }
+}
+
+/// Masks `http_secret` for everyone but superusers, including pg_read_all_settings members.
+#[pg_guard]
+unsafe extern "C-unwind" fn show_secret() -> *const std::ffi::c_char {
+    unsafe {
+        match HTTP_SECRET.get() {
+            None => c"".as_ptr(),
+            Some(_) if !pg_sys::superuser() => c"********".as_ptr(),
+            Some(_) => {
+                // The GUC machinery owns the current value; return its pointer unchanged.
+                let ptr = *HTTP_SECRET.as_ptr();
+                if ptr.is_null() { c"".as_ptr() } else { ptr }
+            }
+        }
+    }
+}
+
+/// The value of a string GUC as an owned Rust string (empty when unset).
+pub fn string(setting: &GucSetting<Option<CString>>) -> String {
+    setting.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+pub fn millis(setting: &GucSetting<i32>) -> Duration {
+    Duration::from_millis(setting.get().max(0) as u64)
 }

@@ -1,0 +1,40 @@
+-- Runs last: privileges, pinned search_path, and a word on which database the relay serves.
+
+-- Privileges: PUBLIC may read the feature table and the views, and write nothing. Applications get
+-- EXECUTE on edit_feature explicitly (README), so they cannot bypass the outbox (guide, gotcha 5).
+REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit(bigint, geometry, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
+REVOKE ALL ON TABLE features, outbox FROM PUBLIC;
+GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
+
+-- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema
+-- PostGIS lives in (any schema), then ours. Done here because PostGIS's schema is known only now.
+DO $pin$
+DECLARE
+    postgis_schema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+                             WHERE e.extname = 'postgis');
+    fn regprocedure;
+BEGIN
+    FOR fn IN SELECT p.oid::regprocedure FROM pg_proc p
+               WHERE p.pronamespace = 'feature_outbox'::regnamespace
+                 AND p.prolang IN (SELECT oid FROM pg_language WHERE lanname IN ('sql', 'plpgsql'))
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, feature_outbox, pg_temp', fn, postgis_schema);
+    END LOOP;
+END
+$pin$;
+
+DO $notice$
+BEGIN
+    IF current_setting('feature_outbox.database', true) IS NULL THEN
+        RAISE NOTICE 'feature_outbox is not in shared_preload_libraries, so no relay worker publishes this outbox'
+            USING HINT = 'Add it to shared_preload_libraries and restart the server.';
+    ELSIF current_setting('feature_outbox.database') <> current_database() THEN
+        RAISE NOTICE 'no feature_outbox relay serves database "%": the relay workers publish database "%"',
+            current_database(), current_setting('feature_outbox.database')
+            USING HINT = 'Set feature_outbox.database to this database and restart the server.';
+    END IF;
+END
+$notice$;

@@ -1,0 +1,79 @@
+-- Monitoring: the backlog view, one row per relay worker, Prometheus text, and requeueing parked rows.
+
+-- The backlog in one row. Its cost follows the unpublished rows (partial index) and one index probe
+-- for last_published_at, never the retained published history. Alert on the age (guide, gotcha 4).
+CREATE VIEW backlog AS
+SELECT u.unpublished_rows,
+       u.oldest_unpublished_at,
+       greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
+       (SELECT max(o.published_at) FROM outbox o WHERE o.published_at IS NOT NULL) AS last_published_at,
+       u.failing_rows,
+       u.parked_rows,
+       u.oldest_parked_at,
+       s.relay_workers_running,
+       s.relay_last_active_at,
+       s.relay_last_error,
+       s.relay_last_error_at
+  FROM (SELECT count(*) AS unpublished_rows,
+               -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
+               min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
+               count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
+               count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
+               min(o.parked_at) AS oldest_parked_at
+          FROM outbox o
+         WHERE o.published_at IS NULL) u,
+       _relay_status() s;
+COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, failing and parked rows, relay health.';
+
+CREATE VIEW workers AS
+SELECT worker, pid, state, relayed_rows, duplicate_acks, failed_attempts, last_active_at, last_error, last_error_at
+  FROM _relay_workers();
+COMMENT ON VIEW workers IS 'One row per relay background worker serving this database; counters since server start.';
+
+-- Prometheus exposition text (version 0.0.4): the guide's metrics and the relay's health.
+CREATE FUNCTION metrics() RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT concat_ws(E'\n',
+        '# HELP outbox_rows_relayed_total Outbox rows published and acknowledged since server start.',
+        '# TYPE outbox_rows_relayed_total counter',
+        format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
+        format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
+        format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
+        '# HELP outbox_unpublished_rows Unpublished outbox rows, parked ones included.',
+        '# TYPE outbox_unpublished_rows gauge',
+        format('outbox_unpublished_rows %s', b.unpublished_rows),
+        '# HELP outbox_oldest_unpublished_age_seconds Age of the oldest unpublished, unparked outbox row.',
+        '# TYPE outbox_oldest_unpublished_age_seconds gauge',
+        format('outbox_oldest_unpublished_age_seconds %s', coalesce(extract(epoch FROM b.oldest_unpublished_age), 0)),
+        '# HELP outbox_failing_rows Unpublished rows with failed attempts that are not parked.',
+        '# TYPE outbox_failing_rows gauge',
+        format('outbox_failing_rows %s', b.failing_rows),
+        '# HELP outbox_parked_rows Rows parked after feature_outbox.max_attempts failures.',
+        '# TYPE outbox_parked_rows gauge',
+        format('outbox_parked_rows %s', b.parked_rows),
+        '# HELP outbox_relay_workers_running Relay background workers running for this database.',
+        '# TYPE outbox_relay_workers_running gauge',
+        format('outbox_relay_workers_running %s', b.relay_workers_running)
+    ) || E'\n'
+      FROM backlog b, _relay_status() s
+$$;
+COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages.';
+
+-- Requeues parked rows for a fresh round of feature_outbox.max_attempts. Returns how many.
+CREATE FUNCTION retry_parked() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+     WHERE parked_at IS NOT NULL AND published_at IS NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM _wake_relay_at_commit();
+    END IF;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION retry_parked() IS 'Requeues parked outbox rows (attempts reset); EXECUTE is not granted to PUBLIC.';

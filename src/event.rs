@@ -1,0 +1,136 @@
+//! The event a relay publishes for one outbox row, and the Standard Webhooks signature.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sha2::Sha256;
+
+/// One outbox row joined with the feature's current state, as read by the relay's claim query.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: i64,
+    pub event_id: String,
+    pub feature_id: i64,
+    pub feature_version: i32,
+    pub event_type: String,
+    pub routing_key: String,
+    pub previous_routing_key: Option<String>,
+    pub schema_version: i32,
+    /// RFC 3339 UTC time of the edit (the outbox row's created_at).
+    pub occurred_at: String,
+    /// The feature's current version; None when the feature row was hard-deleted.
+    pub geometry_version: Option<i32>,
+    /// `ST_AsGeoJSON(geom, 15)` of the current geometry; None when the feature row was hard-deleted.
+    pub geometry: Option<String>,
+    pub attempts: i32,
+}
+
+/// The event JSON: the guide's fields plus event_id, previous_routing_key and relayed_at.
+#[derive(Serialize)]
+struct Event<'a> {
+    schema_version: i32,
+    event_id: &'a str,
+    action: &'a str,
+    feature_id: String,
+    event_version: i32,
+    geometry_version: Option<i32>,
+    routing_key: &'a str,
+    previous_routing_key: Option<&'a str>,
+    crs: &'static str,
+    geometry: Option<&'a RawValue>,
+    occurred_at: &'a str,
+    relayed_at: &'a str,
+}
+
+/// Serializes the event for `row`. The geometry text is embedded as-is (it is already JSON).
+pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, serde_json::Error> {
+    let geometry = row.geometry.as_deref().map(serde_json::from_str::<&RawValue>).transpose()?;
+    serde_json::to_vec(&Event {
+        schema_version: row.schema_version,
+        event_id: &row.event_id,
+        action: &row.event_type,
+        feature_id: row.feature_id.to_string(),
+        event_version: row.feature_version,
+        geometry_version: row.geometry_version,
+        routing_key: &row.routing_key,
+        previous_routing_key: row.previous_routing_key.as_deref(),
+        crs: "EPSG:4326",
+        geometry,
+        occurred_at: &row.occurred_at,
+        relayed_at,
+    })
+}
+
+/// `webhook-signature` value per Standard Webhooks: `v1,` + base64(HMAC-SHA256(key, "id.timestamp.body")),
+/// where the key is the base64 part of a `whsec_<base64>` secret.
+pub fn webhook_signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
+    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
+    let key = STANDARD
+        .decode(encoded)
+        .map_err(|e| format!("feature_outbox.http_secret is not whsec_<base64>: {e}"))?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).map_err(|e| e.to_string())?;
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    Ok(format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> Row {
+        Row {
+            id: 1,
+            event_id: "0b3f2c1e-0000-4000-8000-000000000001".into(),
+            feature_id: 4471,
+            feature_version: 2,
+            event_type: "moved".into(),
+            routing_key: "881f1d4891fffff".into(),
+            previous_routing_key: Some("881fb46753fffff".into()),
+            schema_version: 2,
+            occurred_at: "2026-11-30T06:00:00.000000Z".into(),
+            geometry_version: Some(3),
+            geometry: Some(r#"{"type":"Point","coordinates":[13.400000000000001,52.52]}"#.into()),
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn event_has_the_documented_fields() {
+        let v: serde_json::Value = serde_json::from_slice(&to_json(&row(), "2026-11-30T06:00:01Z").unwrap()).unwrap();
+        assert_eq!(v["feature_id"], "4471");
+        assert_eq!(v["event_version"], 2);
+        assert_eq!(v["geometry_version"], 3);
+        assert_eq!(v["action"], "moved");
+        assert_eq!(v["crs"], "EPSG:4326");
+        assert_eq!(v["previous_routing_key"], "881fb46753fffff");
+        // Full precision survives: the geometry text is not re-parsed into f64 and re-printed.
+        assert_eq!(v["geometry"]["coordinates"][0].as_f64().unwrap(), 13.400000000000001);
+        assert_eq!(v.as_object().unwrap().len(), 12);
+    }
+
+    #[test]
+    fn deleted_feature_gives_null_geometry() {
+        let mut r = row();
+        r.geometry = None;
+        r.geometry_version = None;
+        let v: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
+        assert!(v["geometry"].is_null() && v["geometry_version"].is_null());
+    }
+
+    #[test]
+    fn signature_matches_the_standard_webhooks_example() {
+        // Test vector from the Standard Webhooks specification's reference libraries.
+        let sig = webhook_signature(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232314}"#,
+        )
+        .unwrap();
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+        assert!(webhook_signature("whsec_???", "id", 1, b"").is_err());
+    }
+}

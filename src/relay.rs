@@ -1,0 +1,514 @@
+//! The relay background workers: claim a batch with FOR UPDATE ... SKIP LOCKED, publish it, mark
+//! the acknowledged rows sent, commit. Publish-then-mark gives at-least-once delivery: a crash
+//! between the two republishes the same event_id, never loses it (the guide, "relay").
+
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+
+use crate::backoff;
+use crate::event::{self, Row};
+use crate::relay_state::{MAX_WORKERS, RELAY, WorkerState, now};
+use crate::settings;
+use crate::sinks::{Outcome, Sink, SinkConfig};
+
+const RESTART: Duration = Duration::from_secs(2);
+const DATABASE_RETRY: Duration = Duration::from_secs(10);
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+const RETENTION_CHUNK: i64 = 5000;
+
+/// Registers `feature_outbox.relay_workers` workers. Called from `_PG_init` while preloading.
+pub fn register_workers() {
+    let count = settings::RELAY_WORKERS.get().clamp(0, MAX_WORKERS as i32);
+    for i in 0..count {
+        BackgroundWorkerBuilder::new(&format!("feature_outbox relay {i}"))
+            .set_type("feature_outbox relay")
+            .set_library("feature_outbox")
+            .set_function("feature_outbox_relay_main")
+            .set_argument(i.into_datum())
+            .enable_spi_access()
+            .set_start_time(BgWorkerStartTime::RecoveryFinished)
+            .set_restart_time(Some(RESTART))
+            .load();
+    }
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
+    let index = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }.unwrap_or(0) as usize;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let database = settings::string(&settings::DATABASE);
+
+    // A missing database makes the connect below FATAL, and the postmaster restarts us after 2 s.
+    // The slot remembers the failed attempt, so retries come at most every 10 s.
+    let failed_before = RELAY.share().slots[index].connect_attempt_at != 0;
+    update_slot(index, |s| {
+        s.pid = unsafe { pg_sys::MyProcPid };
+        s.latch = unsafe { pg_sys::MyLatch } as usize;
+        s.state = if failed_before { WorkerState::WaitingForDatabase } else { WorkerState::Idle };
+    });
+    unsafe { pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(index)) };
+    if failed_before {
+        log!("feature_outbox relay {index}: cannot connect to database \"{database}\" (see feature_outbox.database); retrying in 10 s");
+        if !sleep_for(DATABASE_RETRY) {
+            unsafe { pg_sys::proc_exit(1) };
+        }
+    }
+    update_slot(index, |s| s.connect_attempt_at = now());
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    update_slot(index, |s| s.connect_attempt_at = 0);
+
+    Relay::new(index).run();
+    // Exit 1 even on SIGTERM: exit 0 would unregister the worker for good after pg_terminate_backend.
+    // During a real shutdown the postmaster restarts nothing.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn release_slot(_code: i32, arg: pg_sys::Datum) {
+    update_slot(arg.value(), |s| {
+        s.pid = 0;
+        s.latch = 0;
+        s.state = WorkerState::Stopped;
+    });
+}
+
+pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) {
+    f(&mut RELAY.exclusive().slots[index]);
+}
+
+/// Sleeps for `d` on the latch, ignoring commit wake-ups. False when SIGTERM arrived.
+fn sleep_for(d: Duration) -> bool {
+    let deadline = Instant::now() + d;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        if !BackgroundWorker::wait_latch(Some(left)) {
+            return false;
+        }
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+    }
+}
+
+enum Drain {
+    /// The backlog is empty (or every remaining row waits for its per-row retry time).
+    Idle,
+    /// The sink failed: back off for this long with no transaction open.
+    SinkDown(Duration),
+}
+
+struct Relay {
+    index: usize,
+    sink: Option<(SinkConfig, Sink)>,
+    sink_failures: u32,
+    sink_down_logged: bool,
+    waiting_logged: bool,
+    last_retention: Option<Instant>,
+}
+
+impl Relay {
+    fn new(index: usize) -> Self {
+        Relay { index, sink: None, sink_failures: 0, sink_down_logged: false, waiting_logged: false, last_retention: None }
+    }
+
+    fn run(&mut self) {
+        loop {
+            if BackgroundWorker::sigterm_received() {
+                return;
+            }
+            if BackgroundWorker::sighup_received() {
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            }
+            let wait = match self.step() {
+                Drain::Idle => {
+                    self.set_state(WorkerState::Idle);
+                    settings::millis(&settings::POLL_INTERVAL_MS)
+                }
+                Drain::SinkDown(delay) => {
+                    self.set_state(WorkerState::BackingOff);
+                    if !sleep_for(delay) {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // Idle: sleep on the latch; a committing edit_feature sets it (relay_state::wake_all).
+            if !BackgroundWorker::wait_latch(Some(wait)) {
+                return;
+            }
+        }
+    }
+
+    fn set_state(&self, state: WorkerState) {
+        update_slot(self.index, |s| s.state = state);
+    }
+
+    fn record_error(&self, error: &str) {
+        let at = now();
+        update_slot(self.index, |s| s.set_error(error, at));
+    }
+
+    /// One wake-up: check the extension, publish until the backlog is drained, then retention.
+    fn step(&mut self) -> Drain {
+        let present = in_transaction(|| {
+            Spi::get_one::<bool>("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'feature_outbox')")
+                .map_err(|e| e.to_string())
+        })
+        .and_then(|r| r);
+        match present {
+            Ok(Some(true)) => self.waiting_logged = false,
+            other => {
+                if let Err(e) = other {
+                    self.record_error(&e);
+                }
+                if !self.waiting_logged {
+                    log!("feature_outbox relay {}: extension feature_outbox is not created in this database yet; waiting", self.index);
+                    self.waiting_logged = true;
+                }
+                self.set_state(WorkerState::WaitingForExtension);
+                return Drain::Idle;
+            }
+        }
+        loop {
+            match self.batch() {
+                Ok(BatchEnd::More) => continue,
+                Ok(BatchEnd::Drained) => break,
+                Ok(BatchEnd::SinkDown(error, retry_after)) => return self.sink_down(&error, retry_after),
+                Err(error) => {
+                    // A SQL error (e.g. the extension was dropped): record it and retry after the poll interval.
+                    self.record_error(&error);
+                    warning!("feature_outbox relay {}: {error}", self.index);
+                    return Drain::Idle;
+                }
+            }
+        }
+        if self.index == 0 {
+            self.retention();
+        }
+        Drain::Idle
+    }
+
+    fn sink_down(&mut self, error: &str, retry_after: Option<Duration>) -> Drain {
+        self.sink = None; // reconnect from scratch next time
+        self.sink_failures += 1;
+        self.record_error(error);
+        update_slot(self.index, |s| s.failed_attempts += 1);
+        if !self.sink_down_logged {
+            log!("feature_outbox relay {}: sink down, backing off: {error}", self.index);
+            self.sink_down_logged = true;
+        }
+        let delay = backoff::delay(
+            self.sink_failures,
+            settings::millis(&settings::RETRY_BACKOFF_MIN_MS),
+            settings::millis(&settings::RETRY_BACKOFF_MAX_MS),
+            retry_after,
+            rand::random::<f64>(),
+        );
+        Drain::SinkDown(delay)
+    }
+
+    fn sink_config() -> SinkConfig {
+        let optional = |s: String| (!s.is_empty()).then_some(s);
+        SinkConfig {
+            endpoint: settings::string(&settings::ENDPOINT),
+            publish_timeout: settings::millis(&settings::PUBLISH_TIMEOUT_MS),
+            tls_ca_file: optional(settings::string(&settings::TLS_CA_FILE)),
+            http_secret: optional(settings::string(&settings::HTTP_SECRET)),
+            subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
+            stream: settings::string(&settings::NATS_STREAM),
+            duplicate_window: Duration::from_secs(settings::NATS_DUPLICATE_WINDOW_S.get() as u64),
+            replicas: settings::NATS_REPLICAS.get() as usize,
+        }
+    }
+
+    /// The connected sink for the current settings, (re)connecting when they changed.
+    fn sink(&mut self) -> Result<&mut Sink, String> {
+        let config = Self::sink_config();
+        if config.endpoint.is_empty() {
+            return Err("feature_outbox.endpoint is not set; nothing is published".into());
+        }
+        if self.sink.as_ref().is_none_or(|(c, _)| *c != config) {
+            self.sink = None;
+            let sink = Sink::connect(&config, &format!("feature_outbox relay {}", self.index))?;
+            self.sink = Some((config, sink));
+        }
+        Ok(&mut self.sink.as_mut().expect("just connected").1)
+    }
+
+    /// One transaction: claim, publish, mark. Ok(More) when a full batch went out.
+    fn batch(&mut self) -> Result<BatchEnd, String> {
+        // Connect outside the transaction, so a slow connect never holds row locks.
+        if let Err(e) = self.sink() {
+            return Ok(BatchEnd::SinkDown(e, None));
+        }
+        let limit = settings::BATCH_SIZE.get() as i64;
+        let index = self.index;
+        let sink = &mut self.sink.as_mut().expect("connected above").1;
+        let result = in_transaction(|| {
+            Spi::connect_mut(|client| -> Result<Published, String> {
+                let rows = claim(client, limit)?;
+                if rows.is_empty() {
+                    return Ok(Published::default());
+                }
+                update_slot(index, |s| s.state = WorkerState::Publishing);
+                let relayed_at = relayed_at(client)?;
+                let bodies = rows
+                    .iter()
+                    .map(|r| event::to_json(r, &relayed_at).map_err(|e| format!("event {}: {e}", r.event_id)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let outcomes = sink.publish(&rows, &bodies);
+                crash_if_requested(&outcomes);
+                mark(client, &rows, &outcomes)
+            })
+        })
+        .and_then(|r| r)?;
+        unsafe { pg_sys::pgstat_report_stat(false) };
+        self.account(&result);
+        Ok(match result.sink_error {
+            Some((error, retry_after)) => BatchEnd::SinkDown(error, retry_after),
+            None if result.claimed as i64 >= limit => BatchEnd::More,
+            None => BatchEnd::Drained,
+        })
+    }
+
+    fn account(&mut self, p: &Published) {
+        let at = now();
+        update_slot(self.index, |s| {
+            s.relayed_rows += p.delivered_by_type.iter().sum::<i64>();
+            for (total, n) in s.relayed_by_type.iter_mut().zip(p.delivered_by_type) {
+                *total += n;
+            }
+            s.duplicates += p.duplicates;
+            s.failed_attempts += p.failed;
+            if p.claimed > 0 {
+                s.last_active_at = at;
+            }
+        });
+        if let Some(e) = &p.row_error {
+            self.record_error(e);
+        }
+        for (id, error) in &p.parked {
+            log!("feature_outbox relay {}: outbox row {id} parked after feature_outbox.max_attempts failures: {error}", self.index);
+        }
+        if p.sink_error.is_none() && p.claimed > 0 {
+            if self.sink_down_logged {
+                log!("feature_outbox relay {}: sink back, publishing again", self.index);
+            }
+            self.sink_down_logged = false;
+            self.sink_failures = 0;
+        }
+    }
+
+    /// Deletes published rows older than feature_outbox.retention, in bounded chunks, each in its
+    /// own short transaction (never inside a publish transaction).
+    fn retention(&mut self) {
+        let retention = settings::RETENTION_S.get();
+        if retention <= 0 || self.last_retention.is_some_and(|t| t.elapsed() < RETENTION_EVERY) {
+            return;
+        }
+        self.last_retention = Some(Instant::now());
+        loop {
+            let deleted = in_transaction(|| {
+                Spi::connect_mut(|c| {
+                    c.update(
+                        "DELETE FROM feature_outbox.outbox WHERE id IN (
+                             SELECT id FROM feature_outbox.outbox
+                              WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)
+                              LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                        None,
+                        &[(retention as f64).into(), RETENTION_CHUNK.into()],
+                    )
+                    .map(|t| t.len() as i64)
+                    .map_err(|e| e.to_string())
+                })
+            });
+            match deleted {
+                Ok(Ok(n)) if n == RETENTION_CHUNK => continue,
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) | Err(e) => {
+                    self.record_error(&format!("retention: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+enum BatchEnd {
+    More,
+    Drained,
+    SinkDown(String, Option<Duration>),
+}
+
+#[derive(Default)]
+struct Published {
+    claimed: usize,
+    delivered_by_type: [i64; 3],
+    duplicates: i64,
+    failed: i64,
+    parked: Vec<(i64, String)>,
+    row_error: Option<String>,
+    sink_error: Option<(String, Option<Duration>)>,
+}
+
+/// Runs `f` in its own transaction; an ERROR (or panic) aborts the transaction and comes back as
+/// Err instead of ending the worker, which BackgroundWorker::transaction would do.
+fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    // Everything `f` touches is either rolled back with the transaction or plain Rust state that
+    // stays consistent when a batch fails part-way.
+    let f = std::panic::AssertUnwindSafe(f);
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    PgTryBuilder::new(move || {
+        let f = f; // capture the whole AssertUnwindSafe, not just its field
+        let r = (f.0)();
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(r)
+    })
+    .catch_others(|e| {
+        let message = match &e {
+            pg_sys::panic::CaughtError::PostgresError(r) | pg_sys::panic::CaughtError::ErrorReport(r) => r.message().to_string(),
+            pg_sys::panic::CaughtError::RustPanic { ereport, .. } => ereport.message().to_string(),
+        };
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        Err(message)
+    })
+    .execute()
+}
+
+const CLAIM: &str = "
+SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
+       o.previous_routing_key, o.schema_version,
+       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+       f.version, ST_AsGeoJSON(f.geom, 15), o.attempts
+  FROM feature_outbox.outbox o
+  LEFT JOIN feature_outbox.features f ON f.id = o.feature_id
+ WHERE o.published_at IS NULL AND o.parked_at IS NULL
+   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+ ORDER BY o.id
+ LIMIT $1
+   FOR UPDATE OF o SKIP LOCKED";
+
+fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
+    // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
+    let table = client.update(CLAIM, None, &[limit.into()]).map_err(|e| e.to_string())?;
+    let mut rows = Vec::with_capacity(table.len());
+    for r in table {
+        let get_s = |i| r.get::<String>(i).map_err(|e| e.to_string());
+        rows.push(Row {
+            id: r.get::<i64>(1).map_err(|e| e.to_string())?.unwrap_or_default(),
+            event_id: get_s(2)?.unwrap_or_default(),
+            feature_id: r.get::<i64>(3).map_err(|e| e.to_string())?.unwrap_or_default(),
+            feature_version: r.get::<i32>(4).map_err(|e| e.to_string())?.unwrap_or_default(),
+            event_type: get_s(5)?.unwrap_or_default(),
+            routing_key: get_s(6)?.unwrap_or_default(),
+            previous_routing_key: get_s(7)?,
+            schema_version: r.get::<i32>(8).map_err(|e| e.to_string())?.unwrap_or(2),
+            occurred_at: get_s(9)?.unwrap_or_default(),
+            geometry_version: r.get::<i32>(10).map_err(|e| e.to_string())?,
+            geometry: get_s(11)?,
+            attempts: r.get::<i32>(12).map_err(|e| e.to_string())?.unwrap_or_default(),
+        });
+    }
+    Ok(rows)
+}
+
+fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, String> {
+    client
+        .select("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')", None, &[])
+        .and_then(|t| t.first().get_one::<String>())
+        .map_err(|e| e.to_string())
+        .map(Option::unwrap_or_default)
+}
+
+/// Marks delivered rows sent and records failures, in the claiming transaction.
+fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Result<Published, String> {
+    let mut p = Published { claimed: rows.len(), ..Default::default() };
+    let mut delivered = Vec::new();
+    let max_attempts = settings::MAX_ATTEMPTS.get();
+    let (floor, cap) = (settings::millis(&settings::RETRY_BACKOFF_MIN_MS), settings::millis(&settings::RETRY_BACKOFF_MAX_MS));
+    for (row, outcome) in rows.iter().zip(outcomes) {
+        let (error, permanent) = match outcome {
+            Outcome::Delivered { duplicate } => {
+                delivered.push(row.id);
+                if let Some(i) = crate::relay_state::EVENT_TYPES.iter().position(|t| *t == row.event_type) {
+                    p.delivered_by_type[i] += 1;
+                }
+                p.duplicates += *duplicate as i64;
+                continue;
+            }
+            Outcome::NotTried => continue,
+            Outcome::SinkFailed { error, retry_after } => {
+                p.sink_error.get_or_insert((error.clone(), *retry_after));
+                (error, false)
+            }
+            Outcome::RowFailed(error) => {
+                p.row_error = Some(format!("outbox row {}: {error}", row.id));
+                (error, true)
+            }
+        };
+        p.failed += 1;
+        let attempts = row.attempts + 1;
+        let park = permanent && max_attempts > 0 && attempts >= max_attempts;
+        // Per-row retry time only for row-level failures; a sink outage is handled by the worker's backoff.
+        let retry_ms = permanent.then(|| backoff::delay(attempts as u32, floor, cap, None, rand::random::<f64>()).as_millis() as f64);
+        client
+            .update(
+                "UPDATE feature_outbox.outbox
+                    SET attempts = attempts + 1, last_error = $2, last_attempt_at = now(),
+                        next_attempt_at = CASE WHEN $3::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $3 / 1000) END,
+                        parked_at = CASE WHEN $4 THEN now() END
+                  WHERE id = $1",
+                None,
+                &[row.id.into(), error.as_str().into(), retry_ms.into(), park.into()],
+            )
+            .map_err(|e| e.to_string())?;
+        if park {
+            p.parked.push((row.id, error.clone()));
+        }
+    }
+    if !delivered.is_empty() {
+        client
+            .update("UPDATE feature_outbox.outbox SET published_at = now() WHERE id = ANY($1)", None, &[delivered.into()])
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(p)
+}
+
+/// Fault injection, compiled into test builds only: exit between the sink's acknowledgement and
+/// the commit that marks the rows, as a crash would. The rows stay unpublished and are republished.
+#[cfg(feature = "fault-injection")]
+fn crash_if_requested(outcomes: &[Outcome]) {
+    if !outcomes.iter().any(|o| matches!(o, Outcome::Delivered { .. })) {
+        return;
+    }
+    let requested = std::mem::take(&mut RELAY.exclusive().crash_after_next_publish);
+    if requested {
+        log!("feature_outbox relay: fault injection: exiting after publish, before marking rows sent");
+        unsafe { pg_sys::proc_exit(1) };
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn crash_if_requested(_outcomes: &[Outcome]) {}
+
+/// Test builds only: the next relay batch that gets acknowledgements exits before marking them.
+#[cfg(feature = "fault-injection")]
+#[pg_extern(volatile, parallel_unsafe)]
+fn _test_crash_after_next_publish() {
+    RELAY.exclusive().crash_after_next_publish = true;
+}

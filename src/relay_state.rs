@@ -1,0 +1,142 @@
+//! Relay state in shared memory: one slot per worker, read by the monitoring views and written by
+//! the workers, so the figures stay right while a worker is stuck. Also the commit-time wake-up.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pgrx::lwlock::PgLwLock;
+use pgrx::prelude::*;
+use pgrx::shmem::PGRXSharedMemory;
+use pgrx::{PgXactCallbackEvent, pg_shmem_init, pg_sys, register_xact_callback};
+
+pub const MAX_WORKERS: usize = 32;
+const ERROR_LEN: usize = 240;
+pub const EVENT_TYPES: [&str; 3] = ["created", "moved", "retired"];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum WorkerState {
+    Stopped = 0,
+    Idle = 1,
+    Publishing = 2,
+    BackingOff = 3,
+    WaitingForExtension = 4,
+    WaitingForDatabase = 5,
+}
+
+impl WorkerState {
+    pub fn label(self) -> &'static str {
+        match self {
+            WorkerState::Stopped => "stopped",
+            WorkerState::Idle => "idle",
+            WorkerState::Publishing => "publishing",
+            WorkerState::BackingOff => "backing off",
+            WorkerState::WaitingForExtension => "waiting for extension",
+            WorkerState::WaitingForDatabase => "waiting for database",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Slot {
+    pub pid: i32,
+    /// Address of the worker's process latch: shared memory, mapped at the same address everywhere.
+    pub latch: usize,
+    pub state: WorkerState,
+    pub relayed_rows: i64,
+    pub relayed_by_type: [i64; 3],
+    pub duplicates: i64,
+    pub failed_attempts: i64,
+    pub last_active_at: pg_sys::TimestampTz,
+    pub last_error_at: pg_sys::TimestampTz,
+    pub last_error: [u8; ERROR_LEN],
+    /// When this slot's worker last tried to connect to its database, cleared once connected.
+    pub connect_attempt_at: pg_sys::TimestampTz,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            pid: 0,
+            latch: 0,
+            state: WorkerState::Stopped,
+            relayed_rows: 0,
+            relayed_by_type: [0; 3],
+            duplicates: 0,
+            failed_attempts: 0,
+            last_active_at: 0,
+            last_error_at: 0,
+            last_error: [0; ERROR_LEN],
+            connect_attempt_at: 0,
+        }
+    }
+}
+
+impl Slot {
+    pub fn error_text(&self) -> Option<String> {
+        let end = self.last_error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
+        (end > 0).then(|| String::from_utf8_lossy(&self.last_error[..end]).into_owned())
+    }
+
+    pub fn set_error(&mut self, text: &str, at: pg_sys::TimestampTz) {
+        // Truncate on a char boundary so the stored text stays valid UTF-8.
+        let mut end = text.len().min(ERROR_LEN - 1);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.last_error = [0; ERROR_LEN];
+        self.last_error[..end].copy_from_slice(&text.as_bytes()[..end]);
+        self.last_error_at = at;
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct RelayShared {
+    pub slots: [Slot; MAX_WORKERS],
+    /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
+    pub crash_after_next_publish: bool,
+}
+
+unsafe impl PGRXSharedMemory for RelayShared {}
+
+pub static RELAY: PgLwLock<RelayShared> = unsafe { PgLwLock::new(c"feature_outbox_relay") };
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// Requests the shared memory. Only legal while shared_preload_libraries is processed.
+pub fn init() {
+    pg_shmem_init!(RELAY);
+    READY.store(true, Ordering::Relaxed);
+}
+
+/// False in a backend whose server did not preload the library: no relay, no shared state.
+pub fn ready() -> bool {
+    READY.load(Ordering::Relaxed)
+}
+
+pub fn now() -> pg_sys::TimestampTz {
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+thread_local! {
+    static WAKE_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Called by edit_feature: at commit (never before, never on abort) set every relay worker's latch,
+/// so a committed edit is published without waiting for the poll interval. As pg_net does.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _wake_relay_at_commit() {
+    if !ready() || WAKE_REGISTERED.with(|w| w.replace(true)) {
+        return;
+    }
+    register_xact_callback(PgXactCallbackEvent::Commit, || {
+        WAKE_REGISTERED.with(|w| w.set(false));
+        wake_all();
+    });
+    register_xact_callback(PgXactCallbackEvent::Abort, || WAKE_REGISTERED.with(|w| w.set(false)));
+}
+
+fn wake_all() {
+    let latches: Vec<usize> = RELAY.share().slots.iter().filter(|s| s.pid != 0 && s.latch != 0).map(|s| s.latch).collect();
+    for latch in latches {
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}

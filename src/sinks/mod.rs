@@ -1,0 +1,63 @@
+//! Where the relay publishes: NATS JetStream or an HTTP webhook, chosen by the endpoint's scheme.
+//! Sinks are plain Rust (no Postgres calls): the worker reads settings and hands them over.
+
+use std::time::Duration;
+
+use crate::event::Row;
+
+pub mod http;
+pub mod nats;
+
+/// Settings a sink needs, read from the GUCs on the worker's main thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkConfig {
+    pub endpoint: String,
+    pub publish_timeout: Duration,
+    pub tls_ca_file: Option<String>,
+    pub http_secret: Option<String>,
+    pub subject_prefix: String,
+    pub stream: String,
+    pub duplicate_window: Duration,
+    pub replicas: usize,
+}
+
+/// What happened to one row of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Acknowledged by the sink (for JetStream, `duplicate` is true when the PubAck said so).
+    Delivered { duplicate: bool },
+    /// This row can never be delivered as it is (a 4xx, a payload over max_payload, a bad subject).
+    RowFailed(String),
+    /// The sink is down or overloaded; retry everything later, parking nothing.
+    SinkFailed { error: String, retry_after: Option<Duration> },
+    /// Not sent because the sink failed earlier in the batch.
+    NotTried,
+}
+
+pub enum Sink {
+    Nats(nats::NatsSink),
+    Http(http::HttpSink),
+}
+
+impl Sink {
+    /// Connects to the endpoint. An error is sink-level (transient): the caller backs off.
+    pub fn connect(config: &SinkConfig, client_name: &str) -> Result<Sink, String> {
+        let scheme = config.endpoint.split("://").next().unwrap_or("").to_ascii_lowercase();
+        match scheme.as_str() {
+            "nats" | "tls" => nats::NatsSink::connect(config, client_name).map(Sink::Nats),
+            "http" | "https" => http::HttpSink::new(config).map(Sink::Http),
+            _ => Err(format!(
+                "feature_outbox.endpoint \"{}\" must start with nats://, tls://, http:// or https://",
+                config.endpoint
+            )),
+        }
+    }
+
+    /// Publishes one claimed batch; `bodies[i]` is the event JSON of `rows[i]`. Returns one outcome per row.
+    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>]) -> Vec<Outcome> {
+        match self {
+            Sink::Nats(s) => s.publish(rows, bodies),
+            Sink::Http(s) => s.publish(rows, bodies),
+        }
+    }
+}
