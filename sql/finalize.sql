@@ -28,6 +28,9 @@ $pin$;
 
 DO $notice$
 BEGIN
+    -- CREATE EXTENSION runs its script at client_min_messages = warning; lift that for this notice.
+    -- The change ends with the script.
+    PERFORM set_config('client_min_messages', 'notice', true);
     IF current_setting('feature_outbox.database', true) IS NULL THEN
         RAISE NOTICE 'feature_outbox is not in shared_preload_libraries, so no relay worker publishes this outbox'
             USING HINT = 'Add it to shared_preload_libraries and restart the server.';
@@ -38,3 +41,6 @@ BEGIN
     END IF;
 END
 $notice$;
+
+-- Relay workers waiting for this extension look again when this CREATE EXTENSION commits.
+SELECT _wake_relay_at_commit();

@@ -60,14 +60,15 @@ AS $$
 $$;
 COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages.';
 
--- Requeues parked rows for a fresh round of feature_outbox.max_attempts. Returns how many.
+-- Requeues parked rows for a fresh round of feature_outbox.max_attempts (attempts keeps the history).
+-- Returns how many.
 CREATE FUNCTION retry_parked() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
     n bigint;
 BEGIN
-    UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, attempts = 0
+    UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, row_failures = 0
      WHERE parked_at IS NOT NULL AND published_at IS NULL;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
@@ -76,4 +77,4 @@ BEGIN
     RETURN n;
 END
 $$;
-COMMENT ON FUNCTION retry_parked() IS 'Requeues parked outbox rows (attempts reset); EXECUTE is not granted to PUBLIC.';
+COMMENT ON FUNCTION retry_parked() IS 'Requeues parked outbox rows for another max_attempts round; EXECUTE is not granted to PUBLIC.';

@@ -24,7 +24,8 @@ CREATE TABLE outbox (
     created_at           timestamptz NOT NULL DEFAULT now(),
     published_at         timestamptz,            -- set by the relay after the sink acknowledged
     -- Relay bookkeeping for failed deliveries (see README, "Failures").
-    attempts             integer     NOT NULL DEFAULT 0,
+    attempts             integer     NOT NULL DEFAULT 0,     -- every failed try, sink-level or row-level
+    row_failures         integer     NOT NULL DEFAULT 0,     -- row-level failures; parks at max_attempts
     last_error           text,
     last_attempt_at      timestamptz,
     next_attempt_at      timestamptz,

@@ -24,7 +24,7 @@ pub struct Row {
     pub geometry_version: Option<i32>,
     /// `ST_AsGeoJSON(geom, 15)` of the current geometry; None when the feature row was hard-deleted.
     pub geometry: Option<String>,
-    pub attempts: i32,
+    pub row_failures: i32,
 }
 
 /// The event JSON: the guide's fields plus event_id, previous_routing_key and relayed_at.
@@ -93,7 +93,7 @@ mod tests {
             occurred_at: "2026-11-30T06:00:00.000000Z".into(),
             geometry_version: Some(3),
             geometry: Some(r#"{"type":"Point","coordinates":[13.400000000000001,52.52]}"#.into()),
-            attempts: 0,
+            row_failures: 0,
         }
     }
 

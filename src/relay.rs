@@ -81,6 +81,10 @@ pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) 
     f(&mut RELAY.exclusive().slots[index]);
 }
 
+fn poll_interval() -> Duration {
+    settings::millis(&settings::POLL_INTERVAL_MS)
+}
+
 /// Sleeps for `d` on the latch, ignoring commit wake-ups. False when SIGTERM arrived.
 fn sleep_for(d: Duration) -> bool {
     let deadline = Instant::now() + d;
@@ -99,8 +103,9 @@ fn sleep_for(d: Duration) -> bool {
 }
 
 enum Drain {
-    /// The backlog is empty (or every remaining row waits for its per-row retry time).
-    Idle,
+    /// The backlog is empty, or every remaining row waits for its per-row retry time: sleep on the
+    /// latch for at most this long.
+    Idle(Duration),
     /// The sink failed: back off for this long with no transaction open.
     SinkDown(Duration),
 }
@@ -128,10 +133,7 @@ impl Relay {
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
             }
             let wait = match self.step() {
-                Drain::Idle => {
-                    self.set_state(WorkerState::Idle);
-                    settings::millis(&settings::POLL_INTERVAL_MS)
-                }
+                Drain::Idle(wait) => wait,
                 Drain::SinkDown(delay) => {
                     self.set_state(WorkerState::BackingOff);
                     if !sleep_for(delay) {
@@ -174,7 +176,7 @@ impl Relay {
                     self.waiting_logged = true;
                 }
                 self.set_state(WorkerState::WaitingForExtension);
-                return Drain::Idle;
+                return Drain::Idle(poll_interval());
             }
         }
         loop {
@@ -186,14 +188,27 @@ impl Relay {
                     // A SQL error (e.g. the extension was dropped): record it and retry after the poll interval.
                     self.record_error(&error);
                     warning!("feature_outbox relay {}: {error}", self.index);
-                    return Drain::Idle;
+                    return Drain::Idle(poll_interval());
                 }
             }
         }
         if self.index == 0 {
             self.retention();
         }
-        Drain::Idle
+        self.set_state(WorkerState::Idle);
+        // Wake up for the earliest per-row retry if that comes before the poll interval.
+        let due = in_transaction(|| {
+            Spi::get_one::<f64>(
+                "SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8 FROM feature_outbox.outbox
+                  WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL",
+            )
+        });
+        let poll = poll_interval();
+        match due {
+            // A row may have come due since the claim: then look again almost at once.
+            Ok(Ok(Some(secs))) => Drain::Idle(poll.min(Duration::from_secs_f64(secs.max(0.001)))),
+            _ => Drain::Idle(poll),
+        }
     }
 
     fn sink_down(&mut self, error: &str, retry_after: Option<Duration>) -> Drain {
@@ -311,7 +326,9 @@ impl Relay {
     /// own short transaction (never inside a publish transaction).
     fn retention(&mut self) {
         let retention = settings::RETENTION_S.get();
-        if retention <= 0 || self.last_retention.is_some_and(|t| t.elapsed() < RETENTION_EVERY) {
+        // Every minute, or twice per retention period when that is shorter.
+        let every = RETENTION_EVERY.min(Duration::from_secs(retention.max(0) as u64) / 2);
+        if retention <= 0 || self.last_retention.is_some_and(|t| t.elapsed() < every) {
             return;
         }
         self.last_retention = Some(Instant::now());
@@ -394,7 +411,7 @@ const CLAIM: &str = "
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key, o.schema_version,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       f.version, ST_AsGeoJSON(f.geom, 15), o.attempts
+       f.version, ST_AsGeoJSON(f.geom, 15), o.row_failures
   FROM feature_outbox.outbox o
   LEFT JOIN feature_outbox.features f ON f.id = o.feature_id
  WHERE o.published_at IS NULL AND o.parked_at IS NULL
@@ -421,7 +438,7 @@ fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
             occurred_at: get_s(9)?.unwrap_or_default(),
             geometry_version: r.get::<i32>(10).map_err(|e| e.to_string())?,
             geometry: get_s(11)?,
-            attempts: r.get::<i32>(12).map_err(|e| e.to_string())?.unwrap_or_default(),
+            row_failures: r.get::<i32>(12).map_err(|e| e.to_string())?.unwrap_or_default(),
         });
     }
     Ok(rows)
@@ -462,19 +479,20 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
             }
         };
         p.failed += 1;
-        let attempts = row.attempts + 1;
-        let park = permanent && max_attempts > 0 && attempts >= max_attempts;
-        // Per-row retry time only for row-level failures; a sink outage is handled by the worker's backoff.
-        let retry_ms = permanent.then(|| backoff::delay(attempts as u32, floor, cap, None, rand::random::<f64>()).as_millis() as f64);
+        // Only row-level failures count towards parking and get a per-row retry time; a sink outage
+        // is handled by the worker's backoff and never parks a row.
+        let row_failures = row.row_failures + permanent as i32;
+        let park = permanent && max_attempts > 0 && row_failures >= max_attempts;
+        let retry_ms = permanent.then(|| backoff::delay(row_failures as u32, floor, cap, None, rand::random::<f64>()).as_millis() as f64);
         client
             .update(
                 "UPDATE feature_outbox.outbox
-                    SET attempts = attempts + 1, last_error = $2, last_attempt_at = now(),
+                    SET attempts = attempts + 1, row_failures = row_failures + $5::int, last_error = $2, last_attempt_at = now(),
                         next_attempt_at = CASE WHEN $3::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $3 / 1000) END,
                         parked_at = CASE WHEN $4 THEN now() END
                   WHERE id = $1",
                 None,
-                &[row.id.into(), error.as_str().into(), retry_ms.into(), park.into()],
+                &[row.id.into(), error.as_str().into(), retry_ms.into(), park.into(), (permanent as i32).into()],
             )
             .map_err(|e| e.to_string())?;
         if park {

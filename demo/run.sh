@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# make demo: the main job on real input. Every US county goes through edit_feature into a throwaway
+# PostgreSQL 15 cluster; some are moved and retired; the relay worker inside PostgreSQL publishes each
+# outbox row to a throwaway NATS JetStream server; the reference consumer (examples/consumer) reads
+# them back with deduplication and per-feature ordering. Ends with a report, and fails unless the
+# consumer received exactly one event per edit and the outbox backlog is empty.
+#
+# Environment:
+#   DEMO_LIMIT=N          at most N counties (CI: 300); edit counts scale with it
+#   DEMO_DATA=FILE        GeoJSONL input (default ../shared/data/us-counties.geojsonl; rebuilt from
+#                         npm us-atlas 3.0.1 when missing, see demo/build_counties.js)
+#   DEMO_SKIP_INSTALL=1   use the feature_outbox already installed instead of building a release one
+#   DEMO_DIR=DIR          working directory (default /var/tmp/feature_outbox_demo), fresh each run
+#   DEMO_PG_PORT, DEMO_NATS_PORT   ports (default: free ones)
+#   DEMO_TIMEOUT=SECONDS  how long to wait for the relay to drain the outbox (default 120)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+PG_BIN=/usr/lib/postgresql/15/bin
+PG_CONFIG=$PG_BIN/pg_config
+PY=$ROOT/.venv/bin/python
+CONSUMER=$ROOT/target/consumer/release/feature_outbox_consumer
+DEMO_DIR=${DEMO_DIR:-/var/tmp/feature_outbox_demo}
+DEMO_DATA=${DEMO_DATA:-$ROOT/../shared/data/us-counties.geojsonl}
+DEMO_TIMEOUT=${DEMO_TIMEOUT:-120}
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+STREAM=FEATURES          # feature_outbox.nats_stream's default; subjects features.<action>.<cell>
+
+step() { printf '\n== %s\n' "$*"; }
+fail() { printf '\nDEMO FAILED: %s\n' "$*" >&2; exit 1; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ---------------------------------------------------------------------------------------------------
+step "1. Install what is missing, build"
+if [ ! -s "$DEMO_DATA" ] && ! command -v npm >/dev/null 2>&1; then
+  echo "npm is needed to rebuild the county data: installing nodejs, npm"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+if [ "${DEMO_SKIP_INSTALL:-}" = 1 ]; then
+  echo "DEMO_SKIP_INSTALL=1: using the installed feature_outbox ($(stat -c '%y' "$($PG_CONFIG --pkglibdir)/feature_outbox.so" | cut -c1-19))"
+else
+  cargo pgrx install --release --pg-config "$PG_CONFIG" ${SUDO:+--sudo}
+fi
+cargo build --release --locked --quiet --manifest-path examples/consumer/Cargo.toml --target-dir target/consumer
+echo "consumer: $CONSUMER"
+T0=$(now)   # the clock for "well under 5 minutes after the build"
+
+# ---------------------------------------------------------------------------------------------------
+step "2. Throwaway PostgreSQL 15 and NATS JetStream"
+mkdir -p "$DEMO_DIR"
+chmod 755 "$DEMO_DIR"   # the postgres user must reach $DEMO_DIR/pg
+RUN=$DEMO_DIR/run; NATS_STORE=$DEMO_DIR/nats
+rm -rf "$RUN" "$NATS_STORE"; mkdir -p "$RUN"
+read -r free1 free2 < <("$PY" -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))')
+PG_PORT=${DEMO_PG_PORT:-$free1}; NATS_PORT=${DEMO_NATS_PORT:-$free2}
+NATS_URL=nats://127.0.0.1:$NATS_PORT
+
+NATS_PID=""; CONSUMER_PID=""; CLUSTER_STARTED=""
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  [ -n "$CONSUMER_PID" ] && kill "$CONSUMER_PID" 2>/dev/null || true
+  [ -n "$CLUSTER_STARTED" ] && scripts/cluster.sh stop "$DEMO_DIR/pg" || true
+  if [ -n "$NATS_PID" ]; then kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; fi
+  [ "$rc" -eq 0 ] || echo "logs: $DEMO_DIR/pg/server.log, $DEMO_DIR/nats-server.log" >&2
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A fresh store every run: no stream, no durable consumer left over from the last one.
+nats-server -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$NATS_STORE" -l "$DEMO_DIR/nats-server.log" &
+NATS_PID=$!
+for _ in $(seq 100); do
+  kill -0 "$NATS_PID" 2>/dev/null || fail "nats-server exited: $(tail -5 "$DEMO_DIR/nats-server.log")"
+  (exec 3<>"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null && break
+  sleep 0.1
+done
+echo "nats-server $NATS_URL (store $NATS_STORE, pid $NATS_PID)"
+
+CLUSTER_STARTED=1
+scripts/cluster.sh start "$DEMO_DIR/pg" "$PG_PORT" \
+  "feature_outbox.database = 'demo'" \
+  "feature_outbox.endpoint = '$NATS_URL'"
+echo "postgres 127.0.0.1:$PG_PORT (data $DEMO_DIR/pg/data, log $DEMO_DIR/pg/server.log)"
+export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=postgres PGDATABASE=demo
+psql() { "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 "$@"; }
+
+# ---------------------------------------------------------------------------------------------------
+step "3. Database demo with the extension"
+psql -d postgres -qc "CREATE DATABASE demo"
+psql -qc "CREATE EXTENSION feature_outbox CASCADE"
+psql -Atc "SELECT 'extensions: ' || string_agg(extname || ' ' || extversion, ', ' ORDER BY extname) FROM pg_extension WHERE extname <> 'plpgsql'"
+
+# The relay worker started with the server, before database demo existed; it retries every 10 s.
+# Wait for it here, so the load below runs against a live relay (the guide's gotcha 4: a relay
+# that is not running is otherwise noticed only through the backlog).
+echo "waiting for the relay worker to attach to database demo (it retries every 10 s)"
+T_WAIT=$(now)
+until [ "$(psql -Atc "SELECT relay_workers_running FROM feature_outbox.backlog")" -ge 1 ]; do
+  if [ "$(awk -v s="$(since "$T_WAIT")" 'BEGIN { print (s > 30) }')" = 1 ]; then
+    psql -xc "SELECT * FROM feature_outbox.workers"
+    grep -E 'feature_outbox|FATAL|PANIC' "$DEMO_DIR/pg/server.log" | tail -10 || true
+    fail "no relay worker is running for database demo after 30 s"
+  fi
+  sleep 0.2
+done
+echo "relay worker running after $(since "$T_WAIT") s:"
+psql -c "SELECT worker, pid, state FROM feature_outbox.workers"
+
+# ---------------------------------------------------------------------------------------------------
+step "4. The counties"
+if [ ! -s "$DEMO_DATA" ]; then
+  echo "$DEMO_DATA is missing: rebuilding it from npm us-atlas 3.0.1 with topojson-client"
+  npm install --no-save --no-audit --no-fund --loglevel=error --prefix "$RUN/npm" us-atlas@3.0.1 topojson-client@3.1.0
+  DEMO_DATA=$RUN/us-counties.geojsonl
+  node demo/build_counties.js "$RUN/npm/node_modules" >"$DEMO_DATA"
+fi
+export DEMO_DATA
+
+# Steps 4 and 5 are one client program: it creates the counties, then edits them.
+step "4-5. Load and edit through edit_feature (demo/load_counties.py)"
+T_LOAD=$(now)
+"$PY" demo/load_counties.py --summary "$RUN/load.json"
+LOAD_SECONDS=$(since "$T_LOAD")
+EDITS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["edits"])' "$RUN/load.json")
+
+# ---------------------------------------------------------------------------------------------------
+step "6. Consume, and wait for the relay to drain the outbox"
+echo "backlog right after the last edit committed:"
+psql -xc "SELECT * FROM feature_outbox.backlog" | tee "$RUN/backlog_before.txt"
+
+"$CONSUMER" --server "$NATS_URL" --stream "$STREAM" --durable demo-consumer \
+  --expect "$EDITS" --idle-timeout 30 >"$RUN/consumer.json" &
+CONSUMER_PID=$!
+
+deadline=$(( $(date +%s) + DEMO_TIMEOUT ))
+while :; do
+  backlog=$(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog")
+  [ "$backlog" = 0 ] && break
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "backlog still $backlog after ${DEMO_TIMEOUT}s. Relay state:"
+    psql -xc "SELECT * FROM feature_outbox.backlog" -c "SELECT * FROM feature_outbox.workers"
+    psql -c "SELECT last_error, count(*) FROM feature_outbox.outbox WHERE published_at IS NULL GROUP BY 1"
+    grep -E 'feature_outbox|ERROR|WARNING|PANIC|FATAL' "$DEMO_DIR/pg/server.log" | tail -20 || true
+    fail "the relay did not publish the outbox (unpublished_rows = $backlog)"
+  fi
+  sleep 0.5
+done
+echo "backlog: 0 unpublished rows after $(since "$T_LOAD") s from the start of the load"
+set +e; wait "$CONSUMER_PID"; consumer_rc=$?; set -e
+CONSUMER_PID=""
+[ "$consumer_rc" -eq 0 ] || fail "the consumer exited with status $consumer_rc"
+
+# ---------------------------------------------------------------------------------------------------
+step "7. Report"
+psql -Atc "SELECT json_build_object(
+             'relay_seconds', extract(epoch FROM max(published_at) - min(published_at)),
+             'latency_p50_ms', 1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY published_at - created_at)),
+             'latency_max_ms', 1000 * extract(epoch FROM max(published_at - created_at)),
+             'rows', count(*))
+           FROM feature_outbox.outbox" >"$RUN/relay.json"
+echo "backlog after:"
+psql -xc "SELECT * FROM feature_outbox.backlog" | tee "$RUN/backlog_after.txt"
+BACKLOG_AFTER=$(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog")
+
+"$PY" - "$RUN" "$LOAD_SECONDS" "$(since "$T0")" "$BACKLOG_AFTER" <<'EOF'
+import json, sys
+run, load_s, total_s, backlog = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+load = json.load(open(f"{run}/load.json"))
+got = json.load(open(f"{run}/consumer.json"))
+relay = json.load(open(f"{run}/relay.json"))
+
+print("one event, as the consumer received it (geometry on one line):")
+event = dict(got["sample_event"])
+geometry, event["geometry"] = event["geometry"], "@geometry@"
+print(json.dumps(event, indent=2).replace('"@geometry@"', json.dumps(geometry)))
+print("\nthe 5 busiest routing cells (H3 resolution 8):")
+for c in got["busiest_cells"]:
+    print(f"  {c['routing_key']}  {c['events']} events")
+rate = relay["rows"] / relay["relay_seconds"] if relay["relay_seconds"] else 0
+print(f"""
+edits made             {load['edits']:>7}   ({load['created']} created, {load['moved']} moved, {load['retired']} retired)
+invalid shapes         {load['invalid_input']:>7}   (policy {load['invalid_policy']}; {load['invalid_stored']} stored invalid, {load['rejected']} rejected)
+unique events received {got['unique_events']:>7}   {json.dumps(got['by_action'], sort_keys=True)}
+duplicates seen        {got['duplicates']:>7}   (redelivered by JetStream: {got['redelivered']})
+stale events dropped   {got['stale_dropped']:>7}
+later geometry seen    {got['later_geometry_seen']:>7}   (event_version < geometry_version; counties edited twice in one transaction: {load['moved_twice_features']})
+envelope mismatches    {got['header_mismatches']:>7}   (subject or headers disagreeing with the body; malformed: {got['malformed']})
+consumer               {got['events_per_second']:>7.0f}   events/s, draining the stream ({got['unique_events']} in {got['receive_seconds']} s, stopped by {got['stopped_by']})
+relay                  {rate:>7.0f}   events/s, first to last publish ({relay['rows']} in {relay['relay_seconds']:.2f} s; edit to publish p50 {relay['latency_p50_ms']:.0f} ms, max {relay['latency_max_ms']:.0f} ms)
+load + edits           {load_s:>7.1f}   s (creates {load['load_seconds']} s, edits {load['edit_seconds']} s)
+total after the build  {total_s:>7.1f}   s""")
+
+problems = []
+if got["unique_events"] != load["edits"]:
+    problems.append(f"unique events received {got['unique_events']} != edits made {load['edits']}")
+if backlog != 0:
+    problems.append(f"backlog after is {backlog} unpublished rows, not 0")
+if got["header_mismatches"] or got["malformed"]:
+    problems.append(f"{got['header_mismatches']} events disagree with their envelope, {got['malformed']} malformed")
+if problems:
+    print("\nDEMO FAILED: " + "; ".join(problems), file=sys.stderr)
+    sys.exit(1)
+print(f"\nOK: {got['unique_events']} unique events received for {load['edits']} edits, backlog 0")
+EOF

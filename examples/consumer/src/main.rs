@@ -1,0 +1,335 @@
+//! Reference consumer for feature_outbox events on NATS JetStream.
+//!
+//! The relay inside PostgreSQL delivers *at least once* and, with more than one relay worker, not
+//! necessarily in order. It also publishes the feature's *current* geometry, which may be newer than
+//! the edit the event describes. This program shows the consumer side those guarantees assume:
+//!
+//! 1. a durable pull consumer, so a restart resumes where the last acknowledged message left off;
+//! 2. deduplication by `event_id` (JetStream also drops republished `Nats-Msg-Id`s, but only inside
+//!    its duplicate window; the consumer must not depend on that);
+//! 3. the latest `geometry_version` applied per feature, so a late, older geometry is dropped;
+//! 4. detection of `event_version < geometry_version`: the event describes an edit, but carries a
+//!    later shape than that edit wrote (the seed guide's gotcha 1);
+//! 5. an ack only after the event has been processed, so a crash mid-way gets it redelivered.
+//!
+//! State lives in memory here; a real consumer keeps `seen` and `latest` in its own store, updated in
+//! the same transaction as whatever it derives from the event, and acks after that commits.
+//!
+//! Output: progress on stderr, and on exit one line of JSON on stdout (the demo's report reads it).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use clap::Parser;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+#[command(about = "Consume feature_outbox events from a JetStream stream and print a JSON summary")]
+struct Args {
+    /// NATS server URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    server: String,
+    /// JetStream stream the relay publishes to (feature_outbox.nats_stream).
+    #[arg(long, default_value = "FEATURES")]
+    stream: String,
+    /// Durable consumer name: the server remembers its acknowledged position across restarts.
+    #[arg(long, default_value = "feature-consumer")]
+    durable: String,
+    /// Only subjects matching this filter, e.g. `features.moved.>` or `features.*.<h3 cell>`.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Stop once this many unique events have been processed.
+    #[arg(long)]
+    expect: Option<u64>,
+    /// Stop when nothing has arrived for this many seconds (also bounds the wait for the stream).
+    #[arg(long, default_value_t = 10.0)]
+    idle_timeout: f64,
+}
+
+/// The event JSON the relay publishes (schema_version 2). Subject: `<prefix>.<action>.<routing_key>`.
+#[derive(Deserialize)]
+#[allow(dead_code)] // every field is listed as documentation; not all are used below
+struct Event {
+    schema_version: i32,
+    event_id: String,
+    action: String, // created | moved | retired
+    feature_id: String,
+    event_version: i32,            // the version this edit produced
+    geometry_version: Option<i32>, // the version of `geometry`; null if the feature was hard-deleted
+    routing_key: String,           // H3 cell of the edit's geometry, computed at write time
+    previous_routing_key: Option<String>, // the cell before the edit; null for created
+    crs: String,                   // always "EPSG:4326"
+    geometry: Value,               // GeoJSON geometry at geometry_version, or null
+    occurred_at: String,
+    relayed_at: String,
+}
+
+#[derive(Default)]
+struct Consumer {
+    seen: HashSet<String>,           // event_ids processed: the deduplication key
+    latest: HashMap<String, i32>,    // feature_id -> geometry_version applied
+    cells: HashMap<String, u64>,     // routing_key -> unique events
+    by_action: HashMap<String, u64>,
+    unique_events: u64,
+    duplicates: u64,
+    stale_dropped: u64,
+    later_geometry_seen: u64,
+    redelivered: u64,     // JetStream delivered this message more than once (not acked in time)
+    header_mismatches: u64, // headers or subject disagree with the body: a relay bug
+    malformed: u64,
+    sample: Option<(usize, Value)>, // smallest moved event (falls back to any), for the report
+}
+
+enum Verdict {
+    Applied,
+    Duplicate,
+    Stale,
+    Malformed,
+}
+
+impl Consumer {
+    /// Processes one message. Everything here happens before the caller acks.
+    fn process(&mut self, subject: &str, headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Verdict {
+        let event: Event = match serde_json::from_slice(payload) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("consumer: malformed event on {subject}: {e}");
+                self.malformed += 1;
+                return Verdict::Malformed;
+            }
+        };
+        self.check_envelope(subject, headers, &event);
+
+        // At-least-once delivery: the same event_id may come again (relay crash between publish and
+        // commit, after the stream's duplicate window). Processing it twice must change nothing.
+        if !self.seen.insert(event.event_id.clone()) {
+            self.duplicates += 1;
+            return Verdict::Duplicate;
+        }
+        self.unique_events += 1;
+        *self.cells.entry(event.routing_key.clone()).or_default() += 1;
+        *self.by_action.entry(event.action.clone()).or_default() += 1;
+        self.keep_sample(&event, payload);
+
+        let Some(geometry_version) = event.geometry_version else {
+            // The feature row is gone: there is no geometry to apply, only the fact of the edit.
+            return Verdict::Applied;
+        };
+        // Gotcha 1: the relay read the feature's current row, so a second edit committed before the
+        // first event was relayed gives the first event the second edit's shape. Not an error, but
+        // a consumer that keeps per-edit history must not file this shape under event_version.
+        if geometry_version > event.event_version {
+            self.later_geometry_seen += 1;
+        }
+        // Ordering per feature is reconstructed here, not assumed: a geometry older than the one
+        // already applied arrived late (another relay worker's batch) and must not overwrite it.
+        let latest = self.latest.entry(event.feature_id.clone()).or_insert(0);
+        if geometry_version < *latest {
+            self.stale_dropped += 1;
+            return Verdict::Stale;
+        }
+        *latest = geometry_version; // "apply": a real consumer would rebuild tiles, reindex, ...
+        Verdict::Applied
+    }
+
+    /// The subject and headers repeat parts of the body so routers need not parse it. They must agree.
+    fn check_envelope(&mut self, subject: &str, headers: Option<&async_nats::HeaderMap>, e: &Event) {
+        let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        let mut problems = Vec::new();
+        if !subject.ends_with(&format!(".{}.{}", e.action, e.routing_key)) {
+            problems.push(format!("subject {subject}"));
+        }
+        if header("Nats-Msg-Id").as_deref() != Some(e.event_id.as_str()) {
+            problems.push(format!("Nats-Msg-Id {:?}", header("Nats-Msg-Id")));
+        }
+        if header("Feature-Id").as_deref() != Some(e.feature_id.as_str()) {
+            problems.push(format!("Feature-Id {:?}", header("Feature-Id")));
+        }
+        if header("Feature-Version") != Some(e.event_version.to_string()) {
+            problems.push(format!("Feature-Version {:?}", header("Feature-Version")));
+        }
+        if header("Previous-Routing-Key") != e.previous_routing_key {
+            problems.push(format!("Previous-Routing-Key {:?}", header("Previous-Routing-Key")));
+        }
+        if e.crs != "EPSG:4326" || e.geometry.is_null() != e.geometry_version.is_none() {
+            problems.push(format!("crs {} / geometry vs geometry_version", e.crs));
+        }
+        if !problems.is_empty() {
+            self.header_mismatches += 1;
+            eprintln!("consumer: event {} disagrees with its envelope: {}", e.event_id, problems.join(", "));
+        }
+    }
+
+    /// Keeps the smallest event, preferring one that moved a feature into another cell.
+    fn keep_sample(&mut self, e: &Event, payload: &[u8]) {
+        let moved_cell = e.action == "moved" && e.previous_routing_key.as_ref() != Some(&e.routing_key);
+        let rank = payload.len() + if moved_cell { 0 } else if e.action == "moved" { 1 << 29 } else { 1 << 30 };
+        if self.sample.as_ref().is_none_or(|(r, _)| rank < *r) {
+            self.sample = serde_json::from_slice(payload).ok().map(|v| (rank, v));
+        }
+    }
+
+    fn summary(&self, window: Option<Duration>, stopped_by: &str) -> Value {
+        let mut cells: Vec<_> = self.cells.iter().collect();
+        cells.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let seconds = window.map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        json!({
+            "unique_events": self.unique_events,
+            "duplicates": self.duplicates,
+            "stale_dropped": self.stale_dropped,
+            "later_geometry_seen": self.later_geometry_seen,
+            "events_per_second": if seconds > 0.0 { (self.unique_events as f64 / seconds).round() } else { 0.0 },
+            "receive_seconds": (seconds * 1000.0).round() / 1000.0,
+            "busiest_cells": cells.iter().take(5).map(|(k, n)| json!({"routing_key": k, "events": n})).collect::<Vec<_>>(),
+            "by_action": self.by_action,
+            "features": self.latest.len(),
+            "redelivered": self.redelivered,
+            "header_mismatches": self.header_mismatches,
+            "malformed": self.malformed,
+            "stopped_by": stopped_by,
+            "sample_event": self.sample.as_ref().map(|(_, v)| v.clone()),
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), async_nats::Error> {
+    let args = Args::parse();
+    let idle = Duration::from_secs_f64(args.idle_timeout);
+    let client = async_nats::ConnectOptions::new().name("feature_outbox reference consumer").connect(&args.server).await?;
+    let js = jetstream::new(client.clone());
+
+    // The relay creates the stream when it first connects; wait for it rather than create it here
+    // with settings (duplicate window, replicas) that might differ from feature_outbox.nats_*.
+    let waited = Instant::now();
+    let stream = loop {
+        match js.get_stream(&args.stream).await {
+            Ok(s) => break s,
+            Err(e) if waited.elapsed() < idle => {
+                if waited.elapsed() < Duration::from_millis(500) {
+                    eprintln!("consumer: waiting for stream {}: {e}", args.stream);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+
+    // Durable + explicit acks: unacked messages are redelivered after ack_wait; acked ones never again.
+    let consumer = stream
+        .get_or_create_consumer(
+            &args.durable,
+            pull::Config {
+                durable_name: Some(args.durable.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                filter_subject: args.filter.clone().unwrap_or_default(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut messages = consumer.stream().max_messages_per_batch(500).messages().await?;
+    eprintln!("consumer: pulling from stream {} as durable {}", args.stream, args.durable);
+
+    let mut state = Consumer::default();
+    let (mut first, mut last) = (None::<Instant>, Instant::now());
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let stopped_by = loop {
+        if args.expect.is_some_and(|n| state.unique_events >= n) {
+            break "expect";
+        }
+        let next = tokio::select! {
+            _ = &mut ctrl_c => break "interrupt",
+            next = tokio::time::timeout_at((last + idle).into(), messages.next()) => next,
+        };
+        let message = match next {
+            Err(_) => break "idle_timeout",
+            Ok(None) => break "stream_closed",
+            Ok(Some(Err(e))) => {
+                eprintln!("consumer: {e}"); // e.g. a missed heartbeat; the stream recovers by itself
+                continue;
+            }
+            Ok(Some(Ok(m))) => m,
+        };
+        last = Instant::now();
+        first.get_or_insert(last);
+        if message.info().is_ok_and(|i| i.delivered > 1) {
+            state.redelivered += 1;
+        }
+        let verdict = state.process(message.subject.as_str(), message.headers.as_ref(), &message.payload);
+        // Ack only now, after processing. A malformed event will not improve on redelivery: Term
+        // tells JetStream to stop redelivering it (a real consumer would dead-letter it first).
+        let ack = match verdict {
+            Verdict::Applied | Verdict::Duplicate | Verdict::Stale => message.ack().await,
+            Verdict::Malformed => message.ack_with(AckKind::Term).await,
+        };
+        if let Err(e) = ack {
+            eprintln!("consumer: ack failed (the message will be redelivered): {e}");
+        }
+        if state.unique_events % 1000 == 0 && matches!(verdict, Verdict::Applied | Verdict::Stale) {
+            eprintln!("consumer: {} unique events", state.unique_events);
+        }
+    };
+    client.flush().await?; // the acks are fire-and-forget publishes: send them before exiting
+
+    let window = first.map(|f| last.duration_since(f));
+    eprintln!("consumer: stopped ({stopped_by}) after {} unique events", state.unique_events);
+    println!("{}", state.summary(window, stopped_by));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The three situations a consumer must handle, on hand-made events:
+    //! cargo test --manifest-path examples/consumer/Cargo.toml --target-dir target/consumer
+    use super::*;
+
+    fn event(id: &str, event_version: i32, geometry_version: i32) -> (String, async_nats::HeaderMap, Vec<u8>) {
+        let body = json!({
+            "schema_version": 2, "event_id": id, "action": "moved", "feature_id": "4471",
+            "event_version": event_version, "geometry_version": geometry_version,
+            "routing_key": "881f1d4891fffff", "previous_routing_key": "881fb46753fffff", "crs": "EPSG:4326",
+            "geometry": {"type": "Point", "coordinates": [13.4, 52.52]},
+            "occurred_at": "2026-11-30T06:00:00.000000Z", "relayed_at": "2026-11-30T06:00:01.000000Z",
+        });
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", id);
+        h.insert("Feature-Id", "4471");
+        h.insert("Feature-Version", event_version.to_string().as_str());
+        h.insert("Previous-Routing-Key", "881fb46753fffff");
+        ("features.moved.881f1d4891fffff".into(), h, serde_json::to_vec(&body).unwrap())
+    }
+
+    fn feed(c: &mut Consumer, (subject, headers, body): (String, async_nats::HeaderMap, Vec<u8>)) -> Verdict {
+        c.process(&subject, Some(&headers), &body)
+    }
+
+    #[test]
+    fn duplicates_stale_and_later_geometry() {
+        let mut c = Consumer::default();
+        // Edits v2 and v3 committed together: the relay sent v3's geometry with both events.
+        assert!(matches!(feed(&mut c, event("a", 2, 3)), Verdict::Applied));
+        assert!(matches!(feed(&mut c, event("b", 3, 3)), Verdict::Applied));
+        // The same event again (a relay crash after publish, beyond the stream's duplicate window).
+        assert!(matches!(feed(&mut c, event("a", 2, 3)), Verdict::Duplicate));
+        // An older geometry arriving late (another relay worker's batch) must not overwrite v3.
+        assert!(matches!(feed(&mut c, event("c", 2, 2)), Verdict::Stale));
+        assert_eq!((c.unique_events, c.duplicates, c.stale_dropped, c.later_geometry_seen), (3, 1, 1, 1));
+        assert_eq!((c.latest["4471"], c.header_mismatches), (3, 0));
+    }
+
+    #[test]
+    fn envelope_disagreeing_with_body_is_counted() {
+        let mut c = Consumer::default();
+        let (subject, mut headers, body) = event("a", 2, 2);
+        headers.insert("Feature-Version", "7");
+        c.process(&subject, Some(&headers), &body);
+        c.process("features.created.881f1d4891fffff", None, &event("b", 2, 2).2);
+        assert_eq!(c.header_mismatches, 2);
+        assert!(matches!(c.process("features.x.y", None, b"{"), Verdict::Malformed));
+    }
+}

@@ -1,0 +1,116 @@
+"""Real components for the relay tests: nats-server -js on a free port, and an HTTP receiver running
+in the test process on 127.0.0.1 (the standard library's ThreadingHTTPServer)."""
+
+import asyncio
+import json
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import nats
+
+from conftest import free_port
+
+
+def wait_for(predicate, timeout=20.0, what="condition", interval=0.05):
+    """Polls until predicate() is truthy; returns its value or fails with `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class NatsServer:
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.port = free_port()
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        # The same store directory across restarts, so the stream survives an outage like a real one.
+        self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port),
+                                      "-sd", str(self.dir / "store")],
+                                     stdout=open(self.dir / "nats.log", "a"), stderr=subprocess.STDOUT)
+        wait_for(lambda: "Server is ready" in (self.dir / "nats.log").read_text(), 10, "nats-server to start")
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def messages(self, stream: str = "FEATURES") -> list[dict]:
+        """Every message in the stream: subject, headers and decoded JSON body."""
+        async def read():
+            nc = await nats.connect(self.url)
+            js = nc.jetstream()
+            try:
+                info = await js.stream_info(stream)
+            except Exception:
+                await nc.close()
+                return []
+            out = []
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                m = await js.get_msg(stream, seq)
+                out.append({"subject": m.subject, "headers": dict(m.headers or {}), "event": json.loads(m.data)})
+            await nc.close()
+            return out
+        return asyncio.run(read())
+
+
+class Receiver:
+    """Records every POST; `respond(request) -> (status, headers)` decides each answer (default 200)."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.respond = lambda request: (200, {})
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the relay's client expects
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = {"at": time.monotonic(), "path": self.path, "body": body,
+                           "headers": {k.lower(): v for k, v in self.headers.items()}}
+                with receiver.lock:
+                    receiver.requests.append(request)
+                    status, headers = receiver.respond(request)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}/hook"
+
+    def events(self, path="/hook") -> list[dict]:
+        with self.lock:
+            return [json.loads(r["body"]) for r in self.requests if r["path"] == path]
+
+    def close(self):
+        self.server.shutdown()
