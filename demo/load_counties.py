@@ -78,14 +78,14 @@ def run_batches(conn, sql: str, params: list, label: str, total: int, done: int 
             with conn.transaction(), conn.cursor() as cur:
                 cur.executemany(sql, chunk)
             made += len(chunk)
-        except psycopg.errors.DataException:
+        except psycopg.DataError:
             with conn.transaction(), conn.cursor() as cur:
                 for p in chunk:
                     try:
                         with conn.transaction():  # a savepoint
                             cur.execute(sql, p)
                         made += 1
-                    except psycopg.errors.DataException as e:
+                    except psycopg.DataError as e:
                         rejected.append((p, str(e).splitlines()[0]))
         n = done + i + len(chunk)
         rate = (i + len(chunk)) / max(time.monotonic() - started, 1e-6)

@@ -134,9 +134,10 @@ EDITS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["edits"])
 
 # ---------------------------------------------------------------------------------------------------
 step "6. Consume, and wait for the relay to drain the outbox"
-echo "backlog right after the last edit committed:"
-psql -xc "SELECT * FROM feature_outbox.backlog" | tee "$RUN/backlog_before.txt"
+psql -xc "SELECT * FROM feature_outbox.backlog" >"$RUN/backlog_before.txt"
+echo "backlog right after the last edit committed: $(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog") unpublished rows"
 
+# Durable name: the NATS store is new each run, so a fixed name starts from the stream's beginning.
 "$CONSUMER" --server "$NATS_URL" --stream "$STREAM" --durable demo-consumer \
   --expect "$EDITS" --idle-timeout 30 >"$RUN/consumer.json" &
 CONSUMER_PID=$!
@@ -145,6 +146,7 @@ deadline=$(( $(date +%s) + DEMO_TIMEOUT ))
 while :; do
   backlog=$(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog")
   [ "$backlog" = 0 ] && break
+  kill -0 "$NATS_PID" 2>/dev/null || fail "nats-server exited: $(tail -3 "$DEMO_DIR/nats-server.log")"
   if [ "$(date +%s)" -ge "$deadline" ]; then
     echo "backlog still $backlog after ${DEMO_TIMEOUT}s. Relay state:"
     psql -xc "SELECT * FROM feature_outbox.backlog" -c "SELECT * FROM feature_outbox.workers"
@@ -154,51 +156,54 @@ while :; do
   fi
   sleep 0.5
 done
-echo "backlog: 0 unpublished rows after $(since "$T_LOAD") s from the start of the load"
+echo "backlog: 0 unpublished rows, $(since "$T_LOAD") s after the load started"
 set +e; wait "$CONSUMER_PID"; consumer_rc=$?; set -e
 CONSUMER_PID=""
 [ "$consumer_rc" -eq 0 ] || fail "the consumer exited with status $consumer_rc"
 
 # ---------------------------------------------------------------------------------------------------
 step "7. Report"
-psql -Atc "SELECT json_build_object(
-             'relay_seconds', extract(epoch FROM max(published_at) - min(published_at)),
-             'latency_p50_ms', 1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY published_at - created_at)),
-             'latency_max_ms', 1000 * extract(epoch FROM max(published_at - created_at)),
-             'rows', count(*))
-           FROM feature_outbox.outbox" >"$RUN/relay.json"
-echo "backlog after:"
-psql -xc "SELECT * FROM feature_outbox.backlog" | tee "$RUN/backlog_after.txt"
+psql -xc "SELECT * FROM feature_outbox.backlog" >"$RUN/backlog_after.txt"
 BACKLOG_AFTER=$(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog")
+psql -Atc "SELECT json_build_object(
+             'rows', count(*),
+             'seconds', extract(epoch FROM max(published_at) - min(published_at)),
+             'latency_p50_ms', 1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY published_at - created_at)),
+             'latency_max_ms', 1000 * extract(epoch FROM max(published_at - created_at)))
+           FROM feature_outbox.outbox" >"$RUN/relay.json"
 
 "$PY" - "$RUN" "$LOAD_SECONDS" "$(since "$T0")" "$BACKLOG_AFTER" <<'EOF'
 import json, sys
 run, load_s, total_s, backlog = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 load = json.load(open(f"{run}/load.json"))
-got = json.load(open(f"{run}/consumer.json"))
-relay = json.load(open(f"{run}/relay.json"))
+got = json.load(open(f"{run}/consumer.json"))   # the consumer's one-line summary
+relay = json.load(open(f"{run}/relay.json"))    # from the outbox: created_at and published_at
+relay_rate = relay["rows"] / relay["seconds"] if relay["seconds"] else 0
 
-print("one event, as the consumer received it (geometry on one line):")
-event = dict(got["sample_event"])
-geometry, event["geometry"] = event["geometry"], "@geometry@"
-print(json.dumps(event, indent=2).replace('"@geometry@"', json.dumps(geometry)))
-print("\nthe 5 busiest routing cells (H3 resolution 8):")
-for c in got["busiest_cells"]:
-    print(f"  {c['routing_key']}  {c['events']} events")
-rate = relay["rows"] / relay["relay_seconds"] if relay["relay_seconds"] else 0
-print(f"""
-edits made             {load['edits']:>7}   ({load['created']} created, {load['moved']} moved, {load['retired']} retired)
-invalid shapes         {load['invalid_input']:>7}   (policy {load['invalid_policy']}; {load['invalid_stored']} stored invalid, {load['rejected']} rejected)
+print(f"""edits made             {load['edits']:>7}   ({load['created']} created, {load['moved']} moved, {load['retired']} retired)
 unique events received {got['unique_events']:>7}   {json.dumps(got['by_action'], sort_keys=True)}
-duplicates seen        {got['duplicates']:>7}   (redelivered by JetStream: {got['redelivered']})
-stale events dropped   {got['stale_dropped']:>7}
+duplicates seen        {got['duplicates']:>7}   (messages redelivered by JetStream: {got['redelivered']})
+stale events dropped   {got['stale_dropped']:>7}   (geometry_version older than one already applied)
 later geometry seen    {got['later_geometry_seen']:>7}   (event_version < geometry_version; counties edited twice in one transaction: {load['moved_twice_features']})
 envelope mismatches    {got['header_mismatches']:>7}   (subject or headers disagreeing with the body; malformed: {got['malformed']})
-consumer               {got['events_per_second']:>7.0f}   events/s, draining the stream ({got['unique_events']} in {got['receive_seconds']} s, stopped by {got['stopped_by']})
-relay                  {rate:>7.0f}   events/s, first to last publish ({relay['rows']} in {relay['relay_seconds']:.2f} s; edit to publish p50 {relay['latency_p50_ms']:.0f} ms, max {relay['latency_max_ms']:.0f} ms)
-load + edits           {load_s:>7.1f}   s (creates {load['load_seconds']} s, edits {load['edit_seconds']} s)
-total after the build  {total_s:>7.1f}   s""")
+invalid shapes         {load['invalid_input']:>7}   (policy {load['invalid_policy']}: {load['invalid_stored']} stored invalid, {load['rejected']} rejected)
+consumer events/s      {got['events_per_second']:>7.0f}   (draining the stream: {got['unique_events']} in {got['receive_seconds']} s, stopped by {got['stopped_by']})
+relay events/s         {relay_rate:>7.0f}   ({relay['rows']} published in {relay['seconds']:.2f} s; edit to publish p50 {relay['latency_p50_ms']:.0f} ms, max {relay['latency_max_ms']:.0f} ms)
+load + edits           {load_s:>7.1f} s (creates {load['load_seconds']} s, edits {load['edit_seconds']} s)
+total after the build  {total_s:>7.1f} s
+""")
+print("backlog right after the last edit:\n" + open(f"{run}/backlog_before.txt").read())
+print("backlog after consuming:\n" + open(f"{run}/backlog_after.txt").read())
+if got["sample_event"]:
+    print("one event, as the consumer received it (geometry on one line):")
+    event = dict(got["sample_event"])
+    geometry, event["geometry"] = event["geometry"], "@geometry@"
+    print(json.dumps(event, indent=2).replace('"@geometry@"', json.dumps(geometry)))
+print("\nthe 5 busiest routing cells (H3 resolution 8, unique events):")
+for c in got["busiest_cells"]:
+    print(f"  {c['routing_key']}  {c['events']}")
 
+# The report's claims, asserted.
 problems = []
 if got["unique_events"] != load["edits"]:
     problems.append(f"unique events received {got['unique_events']} != edits made {load['edits']}")
@@ -209,5 +214,5 @@ if got["header_mismatches"] or got["malformed"]:
 if problems:
     print("\nDEMO FAILED: " + "; ".join(problems), file=sys.stderr)
     sys.exit(1)
-print(f"\nOK: {got['unique_events']} unique events received for {load['edits']} edits, backlog 0")
+print(f"\nOK: {got['unique_events']} unique events received for {load['edits']} edits; backlog 0")
 EOF
