@@ -2,6 +2,7 @@
 # A throwaway PostgreSQL 15 cluster, run as the postgres user on its own port and data directory,
 # never the system cluster. Used by the test harness and the demo.
 #   cluster.sh start DIR PORT ["setting = value" ...]   fresh initdb, preloads feature_outbox, starts
+#   cluster.sh restart DIR
 #   cluster.sh stop DIR
 set -euo pipefail
 BIN=/usr/lib/postgresql/15/bin
@@ -33,6 +34,9 @@ case "$cmd" in
       for setting in "$@"; do echo "$setting"; done
     } | as_postgres tee -a "$dir/data/postgresql.auto.conf" >/dev/null
     as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    ;;
+  restart)
+    as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
   stop)
     if [ -f "$dir/data/postmaster.pid" ]; then as_postgres "$BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null; fi
