@@ -232,6 +232,15 @@ mod tests {
     }
 
     #[test]
+    fn coordinates_parse_to_the_nearest_double() {
+        // Without serde_json's float_roundtrip, this county vertex came out 1 ULP off, enough to move
+        // ST_PointOnSurface of 4 real counties into another H3 cell.
+        let ewkb = to_ewkb(r#"{"type":"Point","coordinates":[-114.05190414404143,36.84327416903169]}"#).unwrap();
+        assert_eq!(f64::from_le_bytes(ewkb[9..17].try_into().unwrap()), "-114.05190414404143".parse::<f64>().unwrap());
+        assert_eq!(f64::from_le_bytes(ewkb[17..25].try_into().unwrap()), "36.84327416903169".parse::<f64>().unwrap());
+    }
+
+    #[test]
     fn multipolygon_with_hole_round_trips_through_the_wkb_reader() {
         let text = r#"{"type":"MultiPolygon","coordinates":[[[[0,0],[4,0],[4,4],[0,4],[0,0]],[[1,1],[1,2],[2,2],[1,1]]],[[[10,10],[11,10],[11,11],[10,10]]]]}"#;
         let ewkb = to_ewkb(text).unwrap();
