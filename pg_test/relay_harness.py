@@ -29,21 +29,24 @@ def wait_for(predicate, timeout=20.0, what="condition", interval=0.05):
 
 
 class NatsServer:
-    def __init__(self, directory: Path):
+    """nats-server -js; `args` adds options (auth, TLS, a config file), `client` options for reading."""
+
+    def __init__(self, directory: Path, *args: str, scheme: str = "nats", userinfo: str = "", **client):
         self.dir = directory
         self.port = free_port()
         self.proc = None
+        self.args, self.scheme, self.userinfo, self.client = args, scheme, userinfo, client
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{self.scheme}://{self.userinfo}127.0.0.1:{self.port}"
 
     def start(self) -> None:
         # The same store directory across restarts, so the stream survives an outage like a real one.
         self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port),
-                                      "-sd", str(self.dir / "store")],
+                                      "-sd", str(self.dir / "store"), *self.args],
                                      stdout=open(self.dir / "nats.log", "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: "Server is ready" in (self.dir / "nats.log").read_text(), 10, "nats-server to start")
 
@@ -56,7 +59,7 @@ class NatsServer:
     def messages(self, stream: str = "FEATURES") -> list[dict]:
         """Every message in the stream: subject, headers and decoded JSON body."""
         async def read():
-            nc = await nats.connect(self.url)
+            nc = await nats.connect(self.url.replace("tls://", "nats://"), **self.client)
             js = nc.jetstream()
             try:
                 info = await js.stream_info(stream)
@@ -75,8 +78,9 @@ class NatsServer:
 class Receiver:
     """Records every POST; `respond(request) -> (status, headers)` decides each answer (default 200)."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
         self.requests: list[dict] = []
+        self.scheme = "https" if tls else "http"
         self.lock = threading.Lock()
         self.respond = lambda request: (200, {})
         receiver = self
@@ -108,12 +112,14 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        if tls:  # an ssl.SSLContext holding the server certificate
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}/hook"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_port}/hook"
 
     def events(self, path="/hook") -> list[dict]:
         with self.lock:

@@ -241,6 +241,95 @@ def test_nats_outage_longer_than_backoff_cap_drains_without_parking(relay, nats_
     assert "sink down" in relay.log() and "sink back" in relay.log()
 
 
+def make_tls(directory):
+    """A private CA and a server certificate for 127.0.0.1, made with openssl."""
+    import subprocess
+    directory.mkdir(parents=True, exist_ok=True)
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=directory)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=feature_outbox test CA",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+        "-extfile", "san.ext", "-out", "server.pem")
+    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
+
+
+def delivered_via(c, server, feature_id):
+    """Makes one edit and waits until it is in `server`'s stream; returns the outbox row."""
+    edit(c, feature_id, "created", point(15, 15 + feature_id / 100000))
+    wait_for(lambda: not unpublished(c, [feature_id]), 15, f"delivery through {server.url}")
+    [row] = outbox(c, [feature_id])
+    assert str(row["event_id"]) in {m["event"]["event_id"] for m in server.messages()}
+    return row
+
+
+@pytest.mark.parametrize("auth", ["user:password", "token"])
+def test_nats_credentials_in_the_endpoint_url(relay, auth, nats_server):
+    args, userinfo, client = {
+        "user:password": (("--user", "relay", "--pass", "s3cret"), "relay:s3cret@", {}),
+        "token": (("--auth", "t0ken"), "t0ken@", {}),
+    }[auth]
+    server = NatsServer(RUN_DIR / f"nats-{auth.replace(':', '-')}", *args, userinfo=userinfo, **client)
+    server.start()
+    try:
+        configure(relay, endpoint=server.url)
+        delivered_via(relay, server, 1501 if auth == "token" else 1502)
+    finally:
+        use_nats(relay, nats_server)
+        server.stop()
+
+
+def test_nats_several_servers_one_down(relay, nats_server):
+    configure(relay, endpoint=f"nats://127.0.0.1:{free_port()}, {nats_server.url}")
+    try:
+        delivered_via(relay, nats_server, 1503)
+    finally:
+        use_nats(relay, nats_server)
+
+
+def test_nats_tls_with_private_ca_and_no_insecure_fallback(relay, nats_server):
+    import ssl
+    ca, cert, key = make_tls(RUN_DIR / "tls")
+    context = ssl.create_default_context(cafile=str(ca))
+    server = NatsServer(RUN_DIR / "nats-tls", "--tls", "--tlscert", str(cert), "--tlskey", str(key), scheme="tls", tls=context)
+    server.start()
+    try:
+        # Without the CA the certificate is unknown: the relay reports it and publishes nothing.
+        configure(relay, endpoint=server.url, tls_ca_file=None)
+        edit(relay, 1504, "created", point(16, 16))
+        wait_for(lambda: (backlog(relay)["relay_last_error"] or "").lower().count("certificate"), 15, "a certificate error")
+        assert unpublished(relay, [1504])
+        configure(relay, tls_ca_file=str(ca))
+        wait_for(lambda: not unpublished(relay, [1504]), 15, "delivery over TLS once the CA is trusted")
+        assert {str(r["event_id"]) for r in outbox(relay, [1504])} <= {m["event"]["event_id"] for m in server.messages()}
+    finally:
+        configure(relay, tls_ca_file=None)
+        use_nats(relay, nats_server)
+        server.stop()
+
+
+def test_event_over_nats_max_payload_is_parked_while_others_flow(relay, nats_server):
+    conf = RUN_DIR / "nats-small.conf"
+    conf.write_text("max_payload: 1024\n")
+    server = NatsServer(RUN_DIR / "nats-small", "-c", str(conf))
+    server.start()
+    try:
+        configure(relay, endpoint=server.url)
+        pause_relay(relay)
+        ring = [[20 + i / 100, 20] for i in range(100)] + [[21, 21], [20, 20]]
+        edit(relay, 1601, "created", json.dumps({"type": "Polygon", "coordinates": [ring]}))  # ~4 KB event
+        edit(relay, 1602, "created", point(17, 17))
+        configure(relay, endpoint=server.url)
+        wait_for(lambda: not unpublished(relay, [1602]), 15, "the small event")
+        wait_for(lambda: outbox(relay, [1601])[0]["parked_at"], 15, "the oversized event to be parked")
+        [big] = outbox(relay, [1601])
+        assert big["row_failures"] == 3 and "max_payload" in big["last_error"]
+    finally:
+        use_nats(relay, nats_server)
+        server.stop()
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 
 def requests_for(receiver, event_id, path="/hook"):
@@ -270,6 +359,25 @@ def test_http_every_edit_once_signed_with_standard_webhooks(relay, receiver):
         tampered = req["body"].replace(b"EPSG:4326", b"EPSG:3857")
         with pytest.raises(Exception):
             verifier.verify(tampered, {k: h[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")})
+
+
+def test_https_with_private_ca_and_no_insecure_fallback(relay):
+    import ssl
+    ca, cert, key = make_tls(RUN_DIR / "tls-http")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    secure = Receiver(tls=context)
+    try:
+        configure(relay, endpoint=secure.url, tls_ca_file=None)
+        edit(relay, 2051, "created", point(6, 7))
+        wait_for(lambda: "certificate" in (backlog(relay)["relay_last_error"] or "").lower(), 15, "a certificate error")
+        assert unpublished(relay, [2051]) and not secure.requests
+        configure(relay, tls_ca_file=str(ca))
+        wait_for(lambda: not unpublished(relay, [2051]), 15, "delivery over HTTPS once the CA is trusted")
+        assert len(secure.requests) == 1
+    finally:
+        configure(relay, tls_ca_file=None)
+        secure.close()
 
 
 def test_http_crash_between_publish_and_mark_delivers_event_id_twice(relay, receiver):
