@@ -180,6 +180,13 @@ impl Relay {
             }
         }
         loop {
+            // A long backlog must not delay shutdown or a settings reload.
+            if BackgroundWorker::sigterm_received() {
+                return Drain::Idle(Duration::ZERO);
+            }
+            if BackgroundWorker::sighup_received() {
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            }
             match self.batch() {
                 Ok(BatchEnd::More) => continue,
                 Ok(BatchEnd::Drained) => break,
@@ -289,7 +296,7 @@ impl Relay {
         self.account(&result);
         Ok(match result.sink_error {
             Some((error, retry_after)) => BatchEnd::SinkDown(error, retry_after),
-            None if result.claimed as i64 >= limit => BatchEnd::More,
+            None if result.claimed as i64 >= limit || result.not_tried > 0 => BatchEnd::More,
             None => BatchEnd::Drained,
         })
     }
@@ -368,6 +375,7 @@ enum BatchEnd {
 #[derive(Default)]
 struct Published {
     claimed: usize,
+    not_tried: usize,
     delivered_by_type: [i64; 3],
     duplicates: i64,
     failed: i64,
@@ -468,7 +476,10 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
                 p.duplicates += *duplicate as i64;
                 continue;
             }
-            Outcome::NotTried => continue,
+            Outcome::NotTried => {
+                p.not_tried += 1;
+                continue;
+            }
             Outcome::SinkFailed { error, retry_after } => {
                 p.sink_error.get_or_insert((error.clone(), *retry_after));
                 (error, false)

@@ -93,6 +93,7 @@ impl Slot {
 pub struct RelayShared {
     pub slots: [Slot; MAX_WORKERS],
     /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub crash_after_next_publish: bool,
 }
 

@@ -95,7 +95,7 @@ pub fn init() {
         GucRegistry::define_string_guc(name, short, c"", setting, GucContext::Sighup, GucFlags::default())
     };
     string(c"feature_outbox.endpoint", c"Sink URL: nats://, tls:// (NATS JetStream) or http://, https:// (webhook).", &ENDPOINT);
-    string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA trusted for the sink's TLS, besides the system roots.", &TLS_CA_FILE);
+    string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
     string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
     string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
     unsafe {

@@ -1,7 +1,7 @@
 //! HTTP webhook sink (ureq, rustls): one POST per event on a keep-alive connection, with the
 //! Standard Webhooks headers. Only 2xx counts as delivered; redirects are never followed.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ureq::Agent;
 use ureq::tls::{RootCerts, TlsConfig};
@@ -13,6 +13,7 @@ pub struct HttpSink {
     agent: Agent,
     url: String,
     secret: Option<String>,
+    timeout: Duration,
 }
 
 impl HttpSink {
@@ -40,13 +41,18 @@ impl HttpSink {
             .user_agent("feature_outbox relay")
             .build()
             .into();
-        Ok(HttpSink { agent, url: config.endpoint.clone(), secret: config.http_secret.clone() })
+        Ok(HttpSink { agent, url: config.endpoint.clone(), secret: config.http_secret.clone(), timeout: config.publish_timeout })
     }
 
+    /// POSTs the batch in order, stopping at the first sink-level failure. No request starts after
+    /// one publish_timeout has passed, so the claiming transaction stays short even with a slow
+    /// receiver; the rows not tried are claimed again by the next batch.
     pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>]) -> Vec<Outcome> {
+        let deadline = Instant::now() + self.timeout;
         let mut outcomes = Vec::with_capacity(rows.len());
         for (row, body) in rows.iter().zip(bodies) {
-            let outcome = if outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. })) {
+            let stop = outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. }));
+            let outcome = if stop || Instant::now() > deadline {
                 Outcome::NotTried
             } else {
                 self.post(row, body)
