@@ -415,20 +415,34 @@ fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     .execute()
 }
 
+// The claim locks rows of the outbox alone, walking the partial index in id order; the LEFT JOIN then
+// touches only the claimed rows. A hard-deleted feature still yields its event, with a null geometry.
 const CLAIM: &str = "
+WITH claimed AS (
+    SELECT o.*
+      FROM feature_outbox.outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL
+       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+     ORDER BY o.id
+     LIMIT $1
+       FOR UPDATE OF o SKIP LOCKED
+)
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key, o.schema_version,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
        f.version, ST_AsGeoJSON(f.geom, 15), o.row_failures
-  FROM feature_outbox.outbox o
+  FROM claimed o
   LEFT JOIN feature_outbox.features f ON f.id = o.feature_id
- WHERE o.published_at IS NULL AND o.parked_at IS NULL
-   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
- ORDER BY o.id
- LIMIT $1
-   FOR UPDATE OF o SKIP LOCKED";
+ ORDER BY o.id";
 
 fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
+    // A freshly loaded backlog has no statistics yet: the planner then picks a bitmap scan and sorts
+    // every unpublished row (17 ms per batch at 50k rows, measured) instead of reading the first n
+    // from the partial index (1 ms). The walk in id order is always right here; pin it for this
+    // transaction only.
+    client
+        .update("SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)", None, &[])
+        .map_err(|e| e.to_string())?;
     // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
     let table = client.update(CLAIM, None, &[limit.into()]).map_err(|e| e.to_string())?;
     let mut rows = Vec::with_capacity(table.len());
