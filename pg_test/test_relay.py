@@ -494,6 +494,28 @@ def test_hard_deleted_feature_is_published_with_null_geometry(relay, receiver):
     assert event["geometry"] is None and event["geometry_version"] is None and event["event_version"] == 1
 
 
+def test_a_geometry_geojson_cannot_carry_fails_alone(relay, receiver):
+    """A NaN written straight into the table (bypassing edit_feature) cannot be encoded: that event
+    is parked after max_attempts, and the events around it, a nested collection among them, flow."""
+    receiver.respond = lambda r: (200, {})
+    pause_relay(relay)
+    edit(relay, 2801, "created", point(14, 14))
+    edit(relay, 2802, "created", json.dumps({"type": "GeometryCollection", "geometries": [
+        {"type": "GeometryCollection", "geometries": [{"type": "Point", "coordinates": [1, 2]}]}]}))
+    edit(relay, 2803, "created", point(14, 14.5))
+    with relay.connect(DB) as conn:
+        conn.execute("UPDATE feature_outbox.features SET geom = ST_SetSRID(ST_MakePoint('NaN'::float8, 1), 4326) WHERE id = 2801")
+    use_http(relay, receiver)
+    wait_for(lambda: not unpublished(relay, [2802, 2803]), 10, "the events around the broken one")
+    wait_for(lambda: outbox(relay, [2801])[0]["parked_at"], 15, "the unencodable event to be parked")
+    [bad] = outbox(relay, [2801])
+    assert "non-finite" in bad["last_error"] and bad["row_failures"] == 3
+    [nested] = [json.loads(r["body"]) for r in receiver.requests if json.loads(r["body"])["feature_id"] == "2802"]
+    assert nested["geometry"]["geometries"][0]["type"] == "GeometryCollection"
+    with relay.connect(DB) as conn:
+        conn.execute("DELETE FROM feature_outbox.outbox WHERE feature_id = 2801")
+
+
 def test_metrics_are_prometheus_text(relay):
     with relay.connect(DB) as conn:
         text = conn.execute("SELECT feature_outbox.metrics()").fetchone()[0]
@@ -505,14 +527,16 @@ def test_metrics_are_prometheus_text(relay):
     assert "# TYPE outbox_rows_relayed_total counter" in text
 
 
-def test_http_secret_is_masked_for_non_superusers(relay):
-    configure(relay, http_secret=SECRET)
+def test_http_secret_is_masked_for_non_superusers(relay, nats_server):
+    configure(relay, http_secret=SECRET, endpoint=f"nats://relay:s3cret@127.0.0.1:{nats_server.port}")
     with relay.connect(DB) as conn:
         assert conn.execute("SHOW feature_outbox.http_secret").fetchone()[0] == SECRET
         conn.execute("DROP ROLE IF EXISTS monitor")
         conn.execute("CREATE ROLE monitor LOGIN IN ROLE pg_read_all_settings, pg_monitor")
     with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=monitor"), autocommit=True) as conn:
         assert conn.execute("SHOW feature_outbox.http_secret").fetchone()[0] == "********"
+        endpoint = conn.execute("SHOW feature_outbox.endpoint").fetchone()[0]
+        assert endpoint.startswith("nats://********@127.0.0.1:") and "s3cret" not in endpoint
         assert conn.execute("SELECT setting FROM pg_settings WHERE name = 'feature_outbox.http_secret'").fetchone()[0] == "********"
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT feature_outbox.retry_parked()")
@@ -520,7 +544,10 @@ def test_http_secret_is_masked_for_non_superusers(relay):
             conn.execute("ALTER SYSTEM SET feature_outbox.endpoint = 'http://attacker'")
         with pytest.raises(psycopg.errors.CantChangeRuntimeParam):
             conn.execute("SET feature_outbox.endpoint = 'http://attacker'")
+    with relay.connect(DB) as conn:
+        assert "s3cret" in conn.execute("SHOW feature_outbox.endpoint").fetchone()[0]  # superusers see it
     configure(relay, http_secret=None)
+    use_nats(relay, nats_server)
 
 
 def test_create_extension_elsewhere_says_no_relay_serves_it(relay):
@@ -544,6 +571,20 @@ def test_retention_deletes_old_published_rows(relay, receiver):
         wait_for(lambda: not outbox(relay, [2701]), 10, "retention to delete the published row")
     finally:
         configure(relay, retention=None)
+
+
+def test_batch_larger_than_the_nats_client_in_flight_limit(relay, nats_server):
+    """async-nats keeps at most 5,000 PubAcks in flight; a batch of 6,000 must still go out."""
+    configure(relay, batch_size=6000)
+    pause_relay(relay)
+    ids = list(range(5001, 11001))
+    with relay.connect(DB) as conn:
+        conn.execute("SELECT feature_outbox.edit_feature(i, format('{\"type\":\"Point\",\"coordinates\":[%%s,30]}', i %% 170), 'created') FROM unnest(%s::bigint[]) i", (ids,))
+    try:
+        use_nats(relay, nats_server)
+        wait_for(lambda: not unpublished(relay, ids), 60, "a 6,000-row batch to be published")
+    finally:
+        configure(relay, batch_size=None)
 
 
 def test_two_workers_share_the_work_and_publish_nothing_twice(relay, receiver):

@@ -30,7 +30,6 @@ case "$cmd" in
       echo "shared_preload_libraries = 'feature_outbox'"
       echo "fsync = off"
       echo "synchronous_commit = off"
-      echo "log_min_messages = log"
       for setting in "$@"; do echo "$setting"; done
     } | as_postgres tee -a "$dir/data/postgresql.auto.conf" >/dev/null
     as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null

@@ -25,6 +25,20 @@ AS $$ SELECT _routing_cell(ST_AsBinary(_routing_point(g))) $$;
 COMMENT ON FUNCTION routing_key(geometry) IS
     'H3 cell (lowercase hex) of the routing point of an EPSG:4326 geometry, at feature_outbox.h3_resolution.';
 
+-- GeometryType of a geometry and, for a collection, of every member at any depth.
+CREATE FUNCTION _member_types(g geometry) RETURNS TABLE (kind text)
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+    WITH RECURSIVE member(geom) AS (
+        SELECT g
+        UNION ALL
+        SELECT ST_GeometryN(m.geom, i)
+          FROM member m, generate_series(1, ST_NumGeometries(m.geom)) i
+         WHERE GeometryType(m.geom) = 'GEOMETRYCOLLECTION'
+    )
+    SELECT GeometryType(geom) FROM member
+$$;
+
 -- Validates a geometry, transforms it to EPSG:4326 and applies feature_outbox.invalid_geometry.
 -- Every failure is a class-22 error raised before anything is written.
 CREATE FUNCTION _prepare_geometry(g geometry) RETURNS geometry
@@ -33,6 +47,8 @@ AS $$
 DECLARE
     v_srid integer := ST_SRID(g);
     kind text := GeometryType(g);
+    curved text;
+    unsupported text;
     detail record;
 BEGIN
     IF v_srid = 0 THEN
@@ -43,14 +59,18 @@ BEGIN
         RAISE EXCEPTION 'unknown SRID %', v_srid USING ERRCODE = '22023',
             HINT = 'Use an EPSG code listed in spatial_ref_sys, or transform to 4326 first.';
     END IF;
-    IF kind IN ('CIRCULARSTRING', 'COMPOUNDCURVE', 'CURVEPOLYGON', 'MULTICURVE', 'MULTISURFACE')
-       OR ST_HasArc(g) THEN
-        RAISE EXCEPTION 'curved geometry type % is not supported', kind USING ERRCODE = '22023',
+    -- Types GeoJSON cannot carry, at the top or inside a collection at any depth.
+    SELECT string_agg(DISTINCT t.kind, ', ') FILTER (WHERE t.kind IN ('CIRCULARSTRING', 'COMPOUNDCURVE',
+                          'CURVEPOLYGON', 'MULTICURVE', 'MULTISURFACE')),
+           string_agg(DISTINCT t.kind, ', ') FILTER (WHERE t.kind IN ('TRIANGLE', 'TIN', 'POLYHEDRALSURFACE'))
+      INTO curved, unsupported
+      FROM _member_types(g) t;
+    IF curved IS NOT NULL OR ST_HasArc(g) THEN
+        RAISE EXCEPTION 'curved geometry type % is not supported', coalesce(curved, kind) USING ERRCODE = '22023',
             HINT = 'Linearize it first with ST_CurveToLine(geom).';
-    END IF;
-    IF kind IN ('TRIANGLE', 'TIN', 'POLYHEDRALSURFACE') THEN
-        RAISE EXCEPTION 'geometry type % is not supported', kind USING ERRCODE = '22023',
-            HINT = 'Use Point, LineString, Polygon, their Multi forms or a GeometryCollection.';
+    ELSIF unsupported IS NOT NULL THEN
+        RAISE EXCEPTION 'geometry type % is not supported', unsupported USING ERRCODE = '22023',
+            HINT = 'Use Point, LineString, Polygon, their Multi forms or a GeometryCollection of them.';
     END IF;
     IF ST_NDims(g) > 2 THEN
         RAISE EXCEPTION 'geometry has % ordinates; features are 2-D', (ARRAY['M', 'Z', 'Z and M'])[ST_Zmflag(g)]

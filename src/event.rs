@@ -4,7 +4,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use serde::Serialize;
-use serde_json::value::RawValue;
+use serde_json::Value;
 use sha2::Sha256;
 
 /// One outbox row joined with the feature's current state, as read by the relay's claim query.
@@ -22,8 +22,8 @@ pub struct Row {
     pub occurred_at: String,
     /// The feature's current version; None when the feature row was hard-deleted.
     pub geometry_version: Option<i32>,
-    /// `ST_AsGeoJSON(geom, 15)` of the current geometry; None when the feature row was hard-deleted.
-    pub geometry: Option<String>,
+    /// WKB of the current geometry; None when the feature row was hard-deleted.
+    pub geometry: Option<Vec<u8>>,
     pub row_failures: i32,
 }
 
@@ -39,14 +39,15 @@ struct Event<'a> {
     routing_key: &'a str,
     previous_routing_key: Option<&'a str>,
     crs: &'static str,
-    geometry: Option<&'a RawValue>,
+    geometry: Option<Value>,
     occurred_at: &'a str,
     relayed_at: &'a str,
 }
 
-/// Serializes the event for `row`. The geometry text is embedded as-is (it is already JSON).
-pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, serde_json::Error> {
-    let geometry = row.geometry.as_deref().map(serde_json::from_str::<&RawValue>).transpose()?;
+/// Serializes the event for `row`, its geometry as GeoJSON at full precision. An error (a geometry
+/// GeoJSON cannot carry) concerns this row only.
+pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, String> {
+    let geometry = row.geometry.as_deref().map(crate::geojson::from_wkb).transpose().map_err(|e| e.message)?;
     serde_json::to_vec(&Event {
         schema_version: row.schema_version,
         event_id: &row.event_id,
@@ -61,6 +62,7 @@ pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, serde_json::Error
         occurred_at: &row.occurred_at,
         relayed_at,
     })
+    .map_err(|e| e.to_string())
 }
 
 /// `webhook-signature` value per Standard Webhooks: `v1,` + base64(HMAC-SHA256(key, "id.timestamp.body")),
@@ -80,6 +82,14 @@ pub fn webhook_signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) ->
 mod tests {
     use super::*;
 
+    fn point_wkb(x: f64, y: f64) -> Vec<u8> {
+        let mut buf = vec![1u8];
+        buf.extend_from_slice(&1u32.to_le_bytes());
+        buf.extend_from_slice(&x.to_le_bytes());
+        buf.extend_from_slice(&y.to_le_bytes());
+        buf
+    }
+
     fn row() -> Row {
         Row {
             id: 1,
@@ -92,7 +102,7 @@ mod tests {
             schema_version: 2,
             occurred_at: "2026-11-30T06:00:00.000000Z".into(),
             geometry_version: Some(3),
-            geometry: Some(r#"{"type":"Point","coordinates":[13.400000000000001,52.52]}"#.into()),
+            geometry: Some(point_wkb(13.400000000000001, 52.52)),
             row_failures: 0,
         }
     }
@@ -106,8 +116,9 @@ mod tests {
         assert_eq!(v["action"], "moved");
         assert_eq!(v["crs"], "EPSG:4326");
         assert_eq!(v["previous_routing_key"], "881fb46753fffff");
-        // Full precision survives: the geometry text is not re-parsed into f64 and re-printed.
+        // Full precision: the shortest decimal that reads back as the same double.
         assert_eq!(v["geometry"]["coordinates"][0].as_f64().unwrap(), 13.400000000000001);
+        assert_eq!(v["geometry"]["type"], "Point");
         assert_eq!(v.as_object().unwrap().len(), 12);
     }
 

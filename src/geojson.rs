@@ -1,9 +1,16 @@
-//! GeoJSON geometry (RFC 7946) to EWKB, with the validation PostGIS's own parser lacks or reports as
-//! XX000: Feature vs geometry, unknown types, missing or non-numeric coordinates, unclosed rings,
-//! altitudes, and the legacy `crs` member. Pure Rust, no Postgres.
+//! GeoJSON geometries (RFC 7946), both ways, in pure Rust:
+//! - in: text to EWKB, with the validation PostGIS's own parser lacks or reports as XX000 (Feature vs
+//!   geometry, unknown types, missing or non-numeric coordinates, unclosed rings, altitudes, `crs`);
+//! - out: WKB to the event's `geometry`, with every ordinate at full (round-trip) precision. Unlike
+//!   PostGIS 3.3's ST_AsGeoJSON it encodes nested collections, and a geometry it cannot encode
+//!   fails that one event instead of the relay's whole batch.
 
 use geo::{Coord, Geometry, GeometryCollection, LineString, MultiLineString, MultiPoint, MultiPolygon, Point, Polygon};
-use serde_json::{Map, Value};
+use geo_traits::{
+    CoordTrait, GeometryCollectionTrait, GeometryTrait, GeometryType, LineStringTrait, MultiLineStringTrait,
+    MultiPointTrait, MultiPolygonTrait, PointTrait, PolygonTrait,
+};
+use serde_json::{Map, Value, json};
 
 use crate::input_error::{Code, InputError};
 
@@ -60,8 +67,14 @@ fn srid(obj: &Map<String, Value>) -> Result<i32, InputError> {
         .strip_prefix("EPSG:")
         .or_else(|| upper.strip_prefix("URN:OGC:DEF:CRS:EPSG::"))
         .or_else(|| upper.strip_prefix("URN:OGC:DEF:CRS:EPSG:").and_then(|r| r.rsplit(':').next()))
-        .and_then(|c| c.parse::<i32>().ok())
+        .and_then(|c| c.parse::<i64>().ok())
         .filter(|c| *c > 0);
+    if let Some(c) = code.filter(|c| *c > 998_999) {
+        // PostGIS would silently clamp it into its reserved range and then name another SRID.
+        return Err(InputError::new(Code::InvalidParameter, format!("unknown SRID {c}: PostGIS SRIDs are 1 to 998999"))
+            .hint("Use an EPSG code listed in spatial_ref_sys."));
+    }
+    let code = code.map(|c| c as i32);
     code.ok_or_else(|| {
         InputError::new(Code::InvalidParameter, format!("unknown GeoJSON crs name \"{name}\""))
             .hint("Use \"EPSG:<code>\", \"urn:ogc:def:crs:EPSG::<code>\" or a CRS84 name, or omit crs for WGS84.")
@@ -92,7 +105,7 @@ fn geometry(obj: &Map<String, Value>) -> Result<Geometry, InputError> {
             .hint("Pass the Feature's \"geometry\" member, not the Feature itself."));
     }
     if !matches!(ty, "Point" | "MultiPoint" | "LineString" | "MultiLineString" | "Polygon" | "MultiPolygon") {
-        return Err(InputError::new(Code::InvalidText, format!("unknown GeoJSON type \"{ty}\""))
+        return Err(InputError::new(Code::InvalidText, format!("unknown GeoJSON type {}", brief(&Value::from(ty))))
             .hint(format!("Valid geometry types: {TYPES}.")));
     }
     let coords = obj
@@ -113,8 +126,17 @@ fn empty() -> InputError {
         .hint("A feature needs a non-empty geometry. To remove a feature, send a retired event.")
 }
 
+/// At most 60 characters of a JSON value, for error messages that must not echo a huge input.
+fn brief(v: &Value) -> String {
+    let text = v.to_string();
+    match text.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text,
+    }
+}
+
 fn array(v: &Value) -> Result<&Vec<Value>, InputError> {
-    v.as_array().ok_or_else(|| malformed(format!("coordinates must be arrays, found {v}")))
+    v.as_array().ok_or_else(|| malformed(format!("coordinates must be arrays, found {}", brief(v))))
 }
 
 fn non_empty(v: &Value) -> Result<&Vec<Value>, InputError> {
@@ -128,16 +150,16 @@ fn position(v: &Value) -> Result<Coord, InputError> {
         return Err(empty());
     }
     if a.len() < 2 {
-        return Err(malformed(format!("position {v} needs two numbers, longitude and latitude")));
+        return Err(malformed(format!("position {} needs two numbers, longitude and latitude", brief(v))));
     }
     let n = |i: usize| {
         a[i].as_f64()
             .filter(|f| f.is_finite())
-            .ok_or_else(|| malformed(format!("position {v} has a non-numeric ordinate {}", a[i])))
+            .ok_or_else(|| malformed(format!("position {} has a non-numeric ordinate {}", brief(v), brief(&a[i]))))
     };
     let (x, y) = (n(0)?, n(1)?);
     if a.len() > 2 {
-        return Err(InputError::new(Code::InvalidParameter, format!("position {v} has an altitude; features are 2-D"))
+        return Err(InputError::new(Code::InvalidParameter, format!("position {} has an altitude; features are 2-D", brief(v)))
             .hint("Drop the third ordinate before the edit, as ST_Force2D does."));
     }
     Ok(Coord { x, y })
@@ -152,7 +174,7 @@ fn line(v: &Value) -> Result<LineString, InputError> {
 }
 
 fn ring(v: &Value) -> Result<LineString, InputError> {
-    let pts = non_empty(v)?.iter().map(position).collect::<Result<Vec<_>, _>>()?;
+    let pts = array(v)?.iter().map(position).collect::<Result<Vec<_>, _>>()?;
     if pts.len() < 4 {
         return Err(malformed(format!("a polygon ring needs at least 4 positions, found {}", pts.len())));
     }
@@ -167,6 +189,48 @@ fn polygon(v: &Value) -> Result<Polygon, InputError> {
     let mut rings = non_empty(v)?.iter().map(ring).collect::<Result<Vec<_>, _>>()?.into_iter();
     let exterior = rings.next().expect("non_empty checked");
     Ok(Polygon::new(exterior, rings.collect()))
+}
+
+/// WKB (2-D, EPSG:4326) to a GeoJSON geometry object. Errors name what cannot be encoded: curves,
+/// triangles and other types GeoJSON lacks, empty points, non-finite ordinates, malformed WKB.
+pub fn from_wkb(wkb: &[u8]) -> Result<Value, InputError> {
+    crate::geometry::guarded(|| {
+        let g = wkb::reader::read_wkb(wkb)
+            .map_err(|e| InputError::new(Code::InvalidParameter, format!("geometry cannot be encoded as GeoJSON: {e}")))?;
+        write(&g)
+    })
+}
+
+fn write(g: &impl GeometryTrait<T = f64>) -> Result<Value, InputError> {
+    let unsupported = |what: &str| InputError::new(Code::InvalidParameter, format!("a {what} cannot be encoded as GeoJSON"));
+    Ok(match g.as_type() {
+        GeometryType::Point(p) => json!({"type": "Point", "coordinates": p.coord().map(|c| pos(&c)).transpose()?.ok_or_else(|| unsupported("empty point"))?}),
+        GeometryType::LineString(l) => json!({"type": "LineString", "coordinates": positions(l)?}),
+        GeometryType::Polygon(p) => json!({"type": "Polygon", "coordinates": rings(p)?}),
+        GeometryType::MultiPoint(m) => json!({"type": "MultiPoint", "coordinates": m.points()
+            .map(|p| p.coord().map(|c| pos(&c)).transpose()?.ok_or_else(|| unsupported("empty point")))
+            .collect::<Result<Vec<_>, _>>()?}),
+        GeometryType::MultiLineString(m) => json!({"type": "MultiLineString", "coordinates": m.line_strings().map(|l| positions(&l)).collect::<Result<Vec<_>, _>>()?}),
+        GeometryType::MultiPolygon(m) => json!({"type": "MultiPolygon", "coordinates": m.polygons().map(|p| rings(&p)).collect::<Result<Vec<_>, _>>()?}),
+        GeometryType::GeometryCollection(gc) => json!({"type": "GeometryCollection", "geometries": gc.geometries().map(|m| write(&m)).collect::<Result<Vec<_>, _>>()?}),
+        _ => return Err(unsupported("geometry of this type")),
+    })
+}
+
+fn pos(c: &impl CoordTrait<T = f64>) -> Result<Value, InputError> {
+    let (x, y) = (c.x(), c.y());
+    if !x.is_finite() || !y.is_finite() {
+        return Err(InputError::new(Code::InvalidParameter, format!("non-finite ordinate ({x}, {y}) cannot be encoded as GeoJSON")));
+    }
+    Ok(json!([x, y]))
+}
+
+fn positions(l: &impl LineStringTrait<T = f64>) -> Result<Vec<Value>, InputError> {
+    l.coords().map(|c| pos(&c)).collect()
+}
+
+fn rings(p: &impl PolygonTrait<T = f64>) -> Result<Vec<Value>, InputError> {
+    p.exterior().into_iter().chain(p.interiors()).map(|r| positions(&r).map(Value::Array)).collect()
 }
 
 #[cfg(test)]
@@ -238,6 +302,36 @@ mod tests {
         let ewkb = to_ewkb(r#"{"type":"Point","coordinates":[-114.05190414404143,36.84327416903169]}"#).unwrap();
         assert_eq!(f64::from_le_bytes(ewkb[9..17].try_into().unwrap()), "-114.05190414404143".parse::<f64>().unwrap());
         assert_eq!(f64::from_le_bytes(ewkb[17..25].try_into().unwrap()), "36.84327416903169".parse::<f64>().unwrap());
+    }
+
+    #[test]
+    fn geojson_round_trips_through_wkb_at_full_precision() {
+        for text in [
+            r#"{"type":"Point","coordinates":[13.400000000000002,-52.12345678901234]}"#,
+            r#"{"type":"MultiPolygon","coordinates":[[[[0.0,0.0],[4.0,0.0],[4.0,4.0],[0.0,0.0]],[[1.0,1.0],[1.5,1.0],[1.0,1.5],[1.0,1.0]]]]}"#,
+            r#"{"type":"GeometryCollection","geometries":[{"type":"GeometryCollection","geometries":[{"type":"Point","coordinates":[1.0,2.0]}]},{"type":"LineString","coordinates":[[0.0,0.0],[1.0,1.0]]}]}"#,
+        ] {
+            let back = from_wkb(&to_ewkb(text).unwrap()).unwrap();
+            assert_eq!(back, serde_json::from_str::<Value>(text).unwrap(), "{text}");
+        }
+    }
+
+    #[test]
+    fn unencodable_wkb_is_an_error() {
+        // CIRCULARSTRING(0 0, 1 1, 2 0): ISO WKB type 8, which GeoJSON lacks.
+        let mut curve = vec![1u8];
+        curve.extend_from_slice(&8u32.to_le_bytes());
+        curve.extend_from_slice(&3u32.to_le_bytes());
+        for v in [0.0f64, 0.0, 1.0, 1.0, 2.0, 0.0] {
+            curve.extend_from_slice(&v.to_le_bytes());
+        }
+        assert!(from_wkb(&curve).is_err());
+        let mut nan = vec![1u8];
+        nan.extend_from_slice(&1u32.to_le_bytes());
+        nan.extend_from_slice(&1.0f64.to_le_bytes());
+        nan.extend_from_slice(&f64::INFINITY.to_le_bytes());
+        assert!(from_wkb(&nan).unwrap_err().message.contains("non-finite"));
+        assert!(from_wkb(&[1, 1, 0]).is_err());
     }
 
     #[test]

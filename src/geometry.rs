@@ -16,6 +16,13 @@ fn read(wkb: &[u8]) -> Result<wkb::reader::Wkb<'_>, InputError> {
         .map_err(|e| InputError::new(Code::InvalidText, format!("geometry is not valid WKB: {e}")))
 }
 
+/// Runs a walk over WKB, turning a panic of the lazy WKB reader (it unwraps coordinates it reads
+/// past the end of a truncated buffer) into an error instead of an XX000.
+pub fn guarded<T>(walk: impl FnOnce() -> Result<T, InputError>) -> Result<T, InputError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(walk))
+        .unwrap_or_else(|_| Err(InputError::new(Code::InvalidText, "geometry is not valid WKB: truncated")))
+}
+
 fn empty_error(what: &str) -> InputError {
     let message = if what.is_empty() {
         "geometry is empty".to_string()
@@ -31,8 +38,10 @@ fn empty_error(what: &str) -> InputError {
 /// Raises 22023 for an empty geometry or an empty member (a collection's polygon, a polygon's
 /// exterior ring, ...) and for a NaN or infinite ordinate. With `lonlat`, raises 22003 when a
 /// longitude is outside [-180, 180] or a latitude outside [-90, 90].
+/// Also raises 22023 for a line under 2 points and a ring that is unclosed or under 4 points, which
+/// PostGIS accepts from (E)WKB but no GeoJSON consumer can use.
 pub fn check(wkb: &[u8], lonlat: bool) -> Result<(), InputError> {
-    walk(&read(wkb)?, lonlat, true)
+    guarded(|| walk(&read(wkb)?, lonlat, true))
 }
 
 fn walk(g: &impl GeometryTrait<T = f64>, lonlat: bool, top: bool) -> Result<(), InputError> {
@@ -78,16 +87,36 @@ fn walk(g: &impl GeometryTrait<T = f64>, lonlat: bool, top: bool) -> Result<(), 
 fn polygon(p: &impl PolygonTrait<T = f64>, lonlat: bool, top: bool) -> Result<(), InputError> {
     match p.exterior() {
         Some(ext) if ext.num_coords() > 0 => {
-            line(&ext, lonlat, "ring")?;
-            p.interiors().try_for_each(|r| line(&r, lonlat, "ring"))
+            ring(&ext, lonlat)?;
+            p.interiors().try_for_each(|r| ring(&r, lonlat))
         }
         _ => Err(empty_error(if top { "" } else { "polygon" })),
     }
 }
 
+fn ring(r: &impl LineStringTrait<T = f64>, lonlat: bool) -> Result<(), InputError> {
+    line(r, lonlat, "ring")?;
+    let (n, first, last) = (r.num_coords(), r.coord(0), r.coord(r.num_coords().saturating_sub(1)));
+    let closed = matches!((first, last), (Some(a), Some(b)) if a.x() == b.x() && a.y() == b.y());
+    if n < 4 || !closed {
+        return Err(InputError::new(
+            Code::InvalidParameter,
+            format!("polygon ring has {n} points{}; a ring needs at least 4, the last equal to the first", if closed { "" } else { " and is not closed" }),
+        )
+        .hint("Close each ring by repeating its first point, or build the polygon with ST_MakePolygon."));
+    }
+    Ok(())
+}
+
 fn line(l: &impl LineStringTrait<T = f64>, lonlat: bool, what: &str) -> Result<(), InputError> {
-    if l.num_coords() == 0 {
-        return Err(empty_error(what));
+    match l.num_coords() {
+        0 => return Err(empty_error(what)),
+        1 => {
+            let what = if what.is_empty() { "linestring" } else { what };
+            return Err(InputError::new(Code::InvalidParameter, format!("geometry has a {what} of a single point"))
+                .hint("A line needs at least 2 points; use a Point for a single position."));
+        }
+        _ => {}
     }
     l.coords().try_for_each(|c| coord(&c, lonlat))
 }
@@ -110,7 +139,7 @@ fn coord(c: &impl CoordTrait<T = f64>, lonlat: bool) -> Result<(), InputError> {
 /// True when a ring or line of the geometry has an edge spanning more than 180° of longitude,
 /// i.e. it was drawn across the antimeridian rather than the long way round.
 pub fn crosses_antimeridian(wkb: &[u8]) -> Result<bool, InputError> {
-    Ok(crosses(&read(wkb)?))
+    guarded(|| Ok(crosses(&read(wkb)?)))
 }
 
 fn crosses(g: &impl GeometryTrait<T = f64>) -> bool {
@@ -181,6 +210,35 @@ mod tests {
         let err = check(&wkb(&swapped), true).unwrap_err();
         assert_eq!(err.code, Code::OutOfRange);
         assert!(err.hint.unwrap().contains("swapped"));
+    }
+
+    #[test]
+    fn rejects_rings_and_lines_postgis_would_store() {
+        // geo::Polygon closes its rings, so write these polygons' WKB by hand.
+        let raw_polygon = |points: &[(f64, f64)]| {
+            let mut buf = vec![1u8];
+            for n in [3u32, 1, points.len() as u32] {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            for (x, y) in points {
+                buf.extend_from_slice(&x.to_le_bytes());
+                buf.extend_from_slice(&y.to_le_bytes());
+            }
+            buf
+        };
+        let open = raw_polygon(&[(0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0)]);
+        assert!(check(&open, true).unwrap_err().message.contains("not closed"));
+        let short = raw_polygon(&[(0.0, 0.0), (1.0, 1.0), (0.0, 0.0)]);
+        assert!(check(&short, true).unwrap_err().message.contains("3 points"));
+        let dot: Geometry = LineString::from(vec![(0.0, 1.0)]).into();
+        assert!(check(&wkb(&dot), true).unwrap_err().message.contains("single point"));
+    }
+
+    #[test]
+    fn truncated_wkb_is_an_error_not_a_panic() {
+        let mut buf = wkb(&Geometry::Point(Point::new(1.0, 2.0)));
+        buf.truncate(12);
+        assert_eq!(check(&buf, true).unwrap_err().code, Code::InvalidText);
     }
 
     #[test]

@@ -282,11 +282,7 @@ impl Relay {
                 }
                 update_slot(index, |s| s.state = WorkerState::Publishing);
                 let relayed_at = relayed_at(client)?;
-                let bodies = rows
-                    .iter()
-                    .map(|r| event::to_json(r, &relayed_at).map_err(|e| format!("event {}: {e}", r.event_id)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let outcomes = sink.publish(&rows, &bodies);
+                let outcomes = publish(sink, &rows, &relayed_at);
                 crash_if_requested(&outcomes);
                 mark(client, &rows, &outcomes)
             })
@@ -430,7 +426,7 @@ WITH claimed AS (
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key, o.schema_version,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       f.version, ST_AsGeoJSON(f.geom, 15), o.row_failures
+       f.version, ST_AsBinary(f.geom), o.row_failures
   FROM claimed o
   LEFT JOIN feature_outbox.features f ON f.id = o.feature_id
  ORDER BY o.id";
@@ -459,7 +455,7 @@ fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
             schema_version: r.get::<i32>(8).map_err(|e| e.to_string())?.unwrap_or(2),
             occurred_at: get_s(9)?.unwrap_or_default(),
             geometry_version: r.get::<i32>(10).map_err(|e| e.to_string())?,
-            geometry: get_s(11)?,
+            geometry: r.get::<Vec<u8>>(11).map_err(|e| e.to_string())?,
             row_failures: r.get::<i32>(12).map_err(|e| e.to_string())?.unwrap_or_default(),
         });
     }
@@ -472,6 +468,29 @@ fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, String> {
         .and_then(|t| t.first().get_one::<String>())
         .map_err(|e| e.to_string())
         .map(Option::unwrap_or_default)
+}
+
+/// Builds each row's event and publishes those that could be built. A row whose event cannot be
+/// built (a geometry GeoJSON cannot carry) fails alone, row-level, and never blocks the batch.
+fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
+    let events: Vec<Result<Vec<u8>, String>> = rows.iter().map(|r| event::to_json(r, relayed_at)).collect();
+    if events.iter().all(Result::is_ok) {
+        let bodies: Vec<Vec<u8>> = events.into_iter().flatten().collect();
+        return sink.publish(rows, &bodies);
+    }
+    let (ok_rows, ok_bodies): (Vec<Row>, Vec<Vec<u8>>) = rows
+        .iter()
+        .zip(&events)
+        .filter_map(|(r, e)| e.as_ref().ok().map(|body| (r.clone(), body.clone())))
+        .unzip();
+    let mut published = sink.publish(&ok_rows, &ok_bodies).into_iter();
+    events
+        .into_iter()
+        .map(|e| match e {
+            Ok(_) => published.next().unwrap_or(Outcome::NotTried),
+            Err(error) => Outcome::RowFailed(format!("cannot build the event: {error}")),
+        })
+        .collect()
 }
 
 /// Marks delivered rows sent and records failures, in the claiming transaction.

@@ -94,7 +94,19 @@ pub fn init() {
     let string = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
         GucRegistry::define_string_guc(name, short, c"", setting, GucContext::Sighup, GucFlags::default())
     };
-    string(c"feature_outbox.endpoint", c"Sink URL: nats://, tls:// (NATS JetStream) or http://, https:// (webhook).", &ENDPOINT);
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.endpoint",
+            c"Sink URL: nats://, tls:// (NATS JetStream) or http://, https:// (webhook).",
+            c"Credentials in the URL are shown to superusers only.",
+            &ENDPOINT,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            Some(show_endpoint),
+        );
+    }
     string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
     string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
     string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
@@ -129,6 +141,33 @@ unsafe extern "C-unwind" fn show_secret() -> *const std::ffi::c_char {
     }
 }
 
+thread_local! {
+    static SHOWN_ENDPOINT: std::cell::RefCell<CString> = std::cell::RefCell::new(CString::default());
+}
+
+/// Shows the endpoint with the credentials of each URL masked, except to superusers.
+#[pg_guard]
+unsafe extern "C-unwind" fn show_endpoint() -> *const std::ffi::c_char {
+    let value = string(&ENDPOINT);
+    let shown = if unsafe { pg_sys::superuser() } { value } else { redact_urls(&value) };
+    // Postgres copies the returned string before the next call, so one buffer per backend suffices.
+    SHOWN_ENDPOINT.with(|b| {
+        *b.borrow_mut() = CString::new(shown).unwrap_or_default();
+        b.borrow().as_ptr()
+    })
+}
+
+/// Replaces the user-info part of each comma-separated URL with `********`.
+pub fn redact_urls(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| match (url.find("://"), url.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}://********@{}", &url[..s], &url[at + 1..]),
+            _ => url.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The value of a string GUC as an owned Rust string (empty when unset).
 pub fn string(setting: &GucSetting<Option<CString>>) -> String {
     setting.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
@@ -136,4 +175,16 @@ pub fn string(setting: &GucSetting<Option<CString>>) -> String {
 
 pub fn millis(setting: &GucSetting<i32>) -> Duration {
     Duration::from_millis(setting.get().max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn credentials_are_redacted_from_every_url() {
+        assert_eq!(
+            super::redact_urls("nats://relay:s3cret@a:4222, tls://tok@b:4222,nats://c:4222"),
+            "nats://********@a:4222, tls://********@b:4222,nats://c:4222"
+        );
+        assert_eq!(super::redact_urls("https://u:p@h/hook"), "https://********@h/hook");
+    }
 }

@@ -65,3 +65,6 @@ SELECT ST_Equals(a.geom, b.geom) AS geojson_crs_same_as_geometry_form
   FROM feature_outbox.features a, feature_outbox.features b WHERE a.id = 10 AND b.id = 11;
 SELECT feature_outbox.edit_feature(12, '{"type":"Point","coordinates":[13.4,52.5],"crs":{"type":"name","properties":{"name":"urn:ogc:def:crs:OGC:1.3:CRS84"}}}', 'created');
 SELECT ST_AsText(geom) FROM feature_outbox.features WHERE id = 12;
+
+-- A nested GeometryCollection is valid GeoJSON (RFC 7946 discourages, does not forbid it): accepted.
+SELECT feature_outbox.edit_feature(13, '{"type":"GeometryCollection","geometries":[{"type":"GeometryCollection","geometries":[{"type":"Point","coordinates":[1,2]}]}]}', 'created');

@@ -47,6 +47,15 @@ SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakePointM(13.4
 -- Curved types.
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('CIRCULARSTRING(0 0, 1 1, 2 0)'::geometry, 4326), 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('CURVEPOLYGON((0 0, 1 0, 1 1, 0 0))'::geometry, 4326), 'created')$$);
+-- Inside collections too, at any depth.
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('GEOMETRYCOLLECTION(POINT(1 1), GEOMETRYCOLLECTION(CURVEPOLYGON((0 0, 1 0, 1 1, 0 0))))'::geometry, 4326), 'created')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('GEOMETRYCOLLECTION(POINT(1 1), TRIANGLE((0 0, 1 0, 1 1, 0 0)))'::geometry, 4326), 'created')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_GeomFromText('GEOMETRYCOLLECTION(POLYHEDRALSURFACE(((0 0,0 1,1 1,0 0))))', 4326), 'created')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_GeomFromText('TIN(((0 0,0 1,1 1,0 0)))', 4326), 'created')$$);
+-- Rings and lines that PostGIS stores from (E)WKB but no GeoJSON consumer can use.
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('0102000000010000000000000000000000000000000000F03F'::geometry, 4326), 'created')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('0103000000010000000300000000000000000000000000000000000000000000000000F03F000000000000F03F00000000000000000000000000000000'::geometry, 4326), 'created')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('0103000000010000000400000000000000000000000000000000000000000000000000F03F0000000000000000000000000000F03F000000000000F03F0000000000000000000000000000F03F'::geometry, 4326), 'created')$$);
 -- An unknown event_type lists the valid ones.
 SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1,2]}', 'deleted')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1,2]}', NULL)$$);

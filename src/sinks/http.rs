@@ -12,6 +12,8 @@ use crate::event::{Row, webhook_signature};
 pub struct HttpSink {
     agent: Agent,
     url: String,
+    /// The URL without credentials or query string, for error messages (they reach views and logs).
+    shown_url: String,
     secret: Option<String>,
     timeout: Duration,
 }
@@ -41,7 +43,8 @@ impl HttpSink {
             .user_agent("feature_outbox relay")
             .build()
             .into();
-        Ok(HttpSink { agent, url: config.endpoint.clone(), secret: config.http_secret.clone(), timeout: config.publish_timeout })
+        let shown_url = crate::settings::redact_urls(config.endpoint.split('?').next().unwrap_or_default());
+        Ok(HttpSink { agent, url: config.endpoint.clone(), shown_url, secret: config.http_secret.clone(), timeout: config.publish_timeout })
     }
 
     /// POSTs the batch in order, stopping at the first sink-level failure. No request starts after
@@ -78,7 +81,7 @@ impl HttpSink {
             }
         }
         match request.send(body) {
-            Err(e) => Outcome::SinkFailed { error: format!("POST {}: {e}", self.url), retry_after: None },
+            Err(e) => Outcome::SinkFailed { error: format!("POST {}: {e}", self.shown_url), retry_after: None },
             Ok(mut response) => {
                 let status = response.status().as_u16();
                 let retry_after = response

@@ -86,45 +86,72 @@ impl NatsSink {
         Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), timeout })
     }
 
+    /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
+    /// awaited together. Every await is bounded by publish_timeout, so a stalled server costs one
+    /// timeout, never a stuck transaction. After a sink-level failure the rest is not tried.
     pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>]) -> Vec<Outcome> {
         let max_payload = self.client.server_info().max_payload;
         let (js, prefix, timeout) = (&self.js, &self.prefix, self.timeout);
         self.runtime.block_on(async {
-            // Send everything first, then await the PubAcks together: many in flight, one round trip.
-            let mut pending = Vec::with_capacity(rows.len());
-            for (row, body) in rows.iter().zip(bodies) {
-                let subject = format!("{prefix}.{}.{}", row.event_type, row.routing_key);
-                if !valid_subject(&subject) {
-                    pending.push(Err(Outcome::RowFailed(format!("invalid NATS subject \"{subject}\""))));
+            let mut outcomes = Vec::with_capacity(rows.len());
+            for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
+                if outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. })) {
+                    outcomes.extend(rows.iter().map(|_| Outcome::NotTried));
                     continue;
                 }
-                let headers = headers(row);
-                if body.len() + 256 > max_payload {
-                    pending.push(Err(Outcome::RowFailed(format!(
-                        "event of {} bytes exceeds the NATS server's max_payload of {max_payload} bytes",
-                        body.len()
-                    ))));
-                    continue;
+                let mut pending = Vec::with_capacity(rows.len());
+                for (row, body) in rows.iter().zip(bodies) {
+                    pending.push(send(js, prefix, timeout, max_payload, row, body).await);
                 }
-                let message = jetstream::message::PublishMessage::build().payload(body.clone().into()).headers(headers).message_id(&row.event_id);
-                pending.push(match js.send_publish(subject, message).await {
-                    Ok(ack) => Ok(ack),
-                    Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => Err(Outcome::RowFailed(e.to_string())),
-                    Err(e) => Err(Outcome::SinkFailed { error: format!("publish: {e}"), retry_after: None }),
+                let acks = pending.into_iter().map(|p| async move {
+                    match p {
+                        Err(outcome) => outcome,
+                        Ok(ack) => match tokio::time::timeout(timeout, ack).await {
+                            Ok(Ok(ack)) => Outcome::Delivered { duplicate: ack.duplicate },
+                            Ok(Err(e)) => Outcome::SinkFailed { error: format!("no PubAck: {e}"), retry_after: None },
+                            Err(_) => Outcome::SinkFailed { error: "no PubAck within feature_outbox.publish_timeout".into(), retry_after: None },
+                        },
+                    }
                 });
+                outcomes.extend(join_all(acks).await);
             }
-            let acks = pending.into_iter().map(|p| async move {
-                match p {
-                    Err(outcome) => outcome,
-                    Ok(ack) => match tokio::time::timeout(timeout, ack).await {
-                        Ok(Ok(ack)) => Outcome::Delivered { duplicate: ack.duplicate },
-                        Ok(Err(e)) => Outcome::SinkFailed { error: format!("no PubAck: {e}"), retry_after: None },
-                        Err(_) => Outcome::SinkFailed { error: "no PubAck within feature_outbox.publish_timeout".into(), retry_after: None },
-                    },
-                }
-            });
-            join_all(acks).await
+            outcomes
         })
+    }
+}
+
+/// async-nats holds at most 5,000 PubAcks in flight and then waits for a free slot; chunks stay
+/// well under that, so a large batch_size can never wait on itself.
+const IN_FLIGHT: usize = 1000;
+
+/// Sends one event; Err is the row's outcome when it was not sent.
+async fn send(
+    js: &jetstream::Context,
+    prefix: &str,
+    timeout: Duration,
+    max_payload: usize,
+    row: &Row,
+    body: &[u8],
+) -> Result<jetstream::context::PublishAckFuture, Outcome> {
+    let subject = format!("{prefix}.{}.{}", row.event_type, row.routing_key);
+    if !valid_subject(&subject) {
+        return Err(Outcome::RowFailed(format!("invalid NATS subject \"{subject}\"")));
+    }
+    if body.len() + 256 > max_payload {
+        return Err(Outcome::RowFailed(format!(
+            "event of {} bytes exceeds the NATS server's max_payload of {max_payload} bytes",
+            body.len()
+        )));
+    }
+    let message = jetstream::message::PublishMessage::build()
+        .payload(body.to_vec().into())
+        .headers(headers(row))
+        .message_id(&row.event_id);
+    match tokio::time::timeout(timeout, js.send_publish(subject, message)).await {
+        Ok(Ok(ack)) => Ok(ack),
+        Ok(Err(e)) if e.kind() == PublishErrorKind::MaxPayloadExceeded => Err(Outcome::RowFailed(e.to_string())),
+        Ok(Err(e)) => Err(Outcome::SinkFailed { error: format!("publish: {e}"), retry_after: None }),
+        Err(_) => Err(Outcome::SinkFailed { error: "publish not accepted within feature_outbox.publish_timeout".into(), retry_after: None }),
     }
 }
 
