@@ -13,13 +13,14 @@ setup:
 build: setup
 	cargo build --release
 
-## install: the release extension into the Debian PostgreSQL 15 (stop clusters that loaded it first).
+## install: the release extension into the Debian PostgreSQL 15, each file renamed into place so
+## running servers keep the library they loaded.
 install: setup
-	cargo pgrx install --release --pg-config $(PG_CONFIG) $(if $(SUDO),--sudo)
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
 ## install-test: the debug build with the fault-injection point the relay tests use.
 install-test: setup
-	cargo pgrx install --features fault-injection --pg-config $(PG_CONFIG) $(if $(SUDO),--sudo)
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh debug fault-injection
 
 ## unit-test: pure-Rust unit tests and #[pg_test]s, in a throwaway cluster run as the postgres user.
 unit-test: setup

@@ -42,7 +42,7 @@ fi
 if [ "${DEMO_SKIP_INSTALL:-}" = 1 ]; then
   echo "DEMO_SKIP_INSTALL=1: using the installed feature_outbox ($(stat -c '%y' "$($PG_CONFIG --pkglibdir)/feature_outbox.so" | cut -c1-19))"
 else
-  cargo pgrx install --release --pg-config "$PG_CONFIG" ${SUDO:+--sudo}
+  PG_CONFIG=$PG_CONFIG bash scripts/install.sh release
 fi
 cargo build --release --locked --quiet --manifest-path examples/consumer/Cargo.toml --target-dir target/consumer
 echo "consumer: $CONSUMER"

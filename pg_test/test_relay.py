@@ -605,3 +605,24 @@ def test_two_workers_share_the_work_and_publish_nothing_twice(relay, receiver):
     got = Counter(r["headers"]["webhook-id"] for r in receiver.requests)
     assert set(got) == {str(r["event_id"]) for r in outbox(relay, ids)} and max(got.values()) == 1
     configure(relay, relay_workers=None, batch_size=None)
+
+
+def test_drop_and_create_extension_the_worker_waits_then_resumes(relay, receiver):
+    """Runs last in this module: it drops the extension (and so every outbox row) in the relay's database."""
+    receiver.respond = lambda r: (200, {})
+    use_http(relay, receiver)
+    configure(relay, poll_interval="200ms")
+    marker = "extension feature_outbox is not created in this database yet; waiting"
+    before = relay.log().count(marker)
+    running = len(workers(relay, "pid"))
+    with relay.connect(DB) as conn:
+        conn.execute("DROP EXTENSION feature_outbox")
+    wait_for(lambda: relay.log().count(marker) == before + running, 10, "each worker to notice the missing extension")
+    time.sleep(2)  # ten poll intervals: still logged once per worker
+    assert relay.log().count(marker) == before + running
+    configure(relay, poll_interval="60s")  # from now on only the CREATE EXTENSION commit wakes it
+    with relay.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox")
+    wait_for(lambda: worker_states(relay) == ["idle"] * running, 5, "the workers to resume at CREATE EXTENSION's commit")
+    edit(relay, 9001, "created", point(18, 18))
+    wait_for(lambda: not unpublished(relay, [9001]), 10, "delivery after the extension came back")
