@@ -81,14 +81,7 @@ pub fn webhook_signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn point_wkb(x: f64, y: f64) -> Vec<u8> {
-        let mut buf = vec![1u8];
-        buf.extend_from_slice(&1u32.to_le_bytes());
-        buf.extend_from_slice(&x.to_le_bytes());
-        buf.extend_from_slice(&y.to_le_bytes());
-        buf
-    }
+    use crate::routing::tests::point_wkb;
 
     fn row() -> Row {
         Row {

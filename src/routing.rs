@@ -44,10 +44,11 @@ pub fn cell_for_lonlat(lon: f64, lat: f64, res: Resolution) -> Result<String, In
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn point_wkb(x: f64, y: f64) -> Vec<u8> {
+    /// ISO WKB of POINT(x y), shared by the tests of other modules.
+    pub(crate) fn point_wkb(x: f64, y: f64) -> Vec<u8> {
         let mut buf = vec![1u8];
         buf.extend_from_slice(&1u32.to_le_bytes());
         buf.extend_from_slice(&x.to_le_bytes());
