@@ -50,6 +50,9 @@ DECLARE
     curved text;
     unsupported text;
     detail record;
+    original geometry := g;
+    back geometry;
+    tolerance float8;
 BEGIN
     IF v_srid = 0 THEN
         RAISE EXCEPTION 'geometry has SRID 0 (unknown coordinate system)' USING ERRCODE = '22023',
@@ -81,7 +84,18 @@ BEGIN
         PERFORM _check_coordinates(ST_AsBinary(g), false);
         BEGIN
             g := ST_Transform(g, 4326);
-        EXCEPTION WHEN internal_error OR data_exception THEN
+            -- PROJ wraps coordinates far outside a projection's domain instead of failing (EPSG:3857
+            -- x = 4e7 m becomes longitude 0). Transforming back exposes it: compare the bounding boxes.
+            back := ST_Transform(ST_SetSRID(g, 4326), v_srid);
+            tolerance := 1e-6 * greatest(1, abs(ST_XMin(original)), abs(ST_XMax(original)), abs(ST_YMin(original)), abs(ST_YMax(original)));
+            IF greatest(abs(ST_XMin(back) - ST_XMin(original)), abs(ST_XMax(back) - ST_XMax(original)),
+                        abs(ST_YMin(back) - ST_YMin(original)), abs(ST_YMax(back) - ST_YMax(original))) > tolerance THEN
+                RAISE EXCEPTION 'coordinates are outside the area where SRID % can be transformed to 4326', v_srid
+                    USING ERRCODE = '22023', DETAIL = format('%s transforms to %s and back to %s.',
+                          ST_AsText(ST_Envelope(original)), ST_AsText(ST_Envelope(g)), ST_AsText(ST_Envelope(back))),
+                    HINT = 'Check the coordinates and their SRID; are x and y swapped, or the units wrong?';
+            END IF;
+        EXCEPTION WHEN internal_error THEN
             RAISE EXCEPTION 'cannot transform geometry from SRID % to 4326', v_srid USING ERRCODE = '22023',
                 DETAIL = SQLERRM, HINT = 'Check the SRID''s definition in spatial_ref_sys and that the coordinates lie inside its area of use.';
         END;

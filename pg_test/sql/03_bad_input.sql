@@ -20,6 +20,9 @@ SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates
 INSERT INTO spatial_ref_sys (srid, auth_name, auth_srid, srtext, proj4text)
 VALUES (990001, 'test', 990001, '', '+proj=no_such_projection +datum=WGS84');
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('POINT(1 2)'::geometry, 990001), 'created')$$);
+-- Far outside the projection's domain: PROJ would wrap it silently.
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakePoint(4.0075e7, 0), 3857), 'created')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakePoint(1e300, 1e300), 3857), 'created')$$);
 -- Non-finite ordinates anywhere.
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakePoint('NaN'::float8, 1), 4326), 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID(ST_MakeLine(ST_MakePoint(0, 0), ST_MakePoint(1, 'Infinity'::float8)), 4326), 'created')$$);
