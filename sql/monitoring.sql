@@ -40,21 +40,19 @@ AS $$
         format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
         format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
         format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
-        '# HELP outbox_unpublished_rows Unpublished outbox rows, parked ones included.',
-        '# TYPE outbox_unpublished_rows gauge',
-        format('outbox_unpublished_rows %s', b.unpublished_rows),
-        '# HELP outbox_oldest_unpublished_age_seconds Age of the oldest unpublished, unparked outbox row.',
-        '# TYPE outbox_oldest_unpublished_age_seconds gauge',
-        format('outbox_oldest_unpublished_age_seconds %s', coalesce(extract(epoch FROM b.oldest_unpublished_age), 0)),
-        '# HELP outbox_failing_rows Unpublished rows with failed attempts that are not parked.',
-        '# TYPE outbox_failing_rows gauge',
-        format('outbox_failing_rows %s', b.failing_rows),
-        '# HELP outbox_parked_rows Rows parked after feature_outbox.max_attempts failures.',
-        '# TYPE outbox_parked_rows gauge',
-        format('outbox_parked_rows %s', b.parked_rows),
-        '# HELP outbox_relay_workers_running Relay background workers running for this database.',
-        '# TYPE outbox_relay_workers_running gauge',
-        format('outbox_relay_workers_running %s', b.relay_workers_running)
+        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
+                           E'\n' ORDER BY g.ord)
+           FROM (VALUES
+                 (1, 'outbox_unpublished_rows', 'Unpublished outbox rows, parked ones included.',
+                  b.unpublished_rows::numeric),
+                 (2, 'outbox_oldest_unpublished_age_seconds', 'Age of the oldest unpublished, unparked outbox row.',
+                  coalesce(extract(epoch FROM b.oldest_unpublished_age), 0)),
+                 (3, 'outbox_failing_rows', 'Unpublished rows with failed attempts that are not parked.',
+                  b.failing_rows),
+                 (4, 'outbox_parked_rows', 'Rows parked after feature_outbox.max_attempts failures.',
+                  b.parked_rows),
+                 (5, 'outbox_relay_workers_running', 'Relay background workers running for this database.',
+                  b.relay_workers_running)) AS g(ord, name, help, value))
     ) || E'\n'
       FROM backlog b, _relay_status() s
 $$;

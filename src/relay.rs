@@ -81,6 +81,13 @@ pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) 
     f(&mut RELAY.exclusive().slots[index]);
 }
 
+/// Re-reads the configuration after a SIGHUP (the signal handler only sets a flag).
+fn reload_if_asked() {
+    if BackgroundWorker::sighup_received() {
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+}
+
 fn poll_interval() -> Duration {
     settings::millis(&settings::POLL_INTERVAL_MS)
 }
@@ -96,9 +103,7 @@ fn sleep_for(d: Duration) -> bool {
         if !BackgroundWorker::wait_latch(Some(left)) {
             return false;
         }
-        if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        }
+        reload_if_asked();
     }
 }
 
@@ -129,9 +134,7 @@ impl Relay {
             if BackgroundWorker::sigterm_received() {
                 return;
             }
-            if BackgroundWorker::sighup_received() {
-                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            }
+            reload_if_asked();
             let wait = match self.step() {
                 Drain::Idle(wait) => wait,
                 Drain::SinkDown(delay) => {
@@ -184,9 +187,7 @@ impl Relay {
             if BackgroundWorker::sigterm_received() {
                 return Drain::Idle(Duration::ZERO);
             }
-            if BackgroundWorker::sighup_received() {
-                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            }
+            reload_if_asked();
             match self.batch() {
                 Ok(BatchEnd::More) => continue,
                 Ok(BatchEnd::Drained) => break,

@@ -19,14 +19,17 @@ pub fn cell_for_point_wkb(point_wkb: &[u8], resolution: u8) -> Result<String, In
     let res = Resolution::try_from(resolution).map_err(|_| {
         InputError::new(Code::OutOfRange, format!("H3 resolution {resolution} is outside 0–15"))
     })?;
-    let geom = wkb::reader::read_wkb(point_wkb)
-        .map_err(|e| InputError::new(Code::InvalidText, format!("routing point is not valid WKB: {e}")))?;
-    let coord = match geom.as_type() {
-        GeometryType::Point(p) => p.coord(),
-        _ => None,
-    }
-    .ok_or_else(|| InputError::new(Code::InvalidParameter, "routing point must be a non-empty point"))?;
-    cell_for_lonlat(coord.x(), coord.y(), res)
+    // Guarded like every other WKB walk: the lazy reader panics on a truncated buffer.
+    let (lon, lat) = crate::geometry::guarded(|| {
+        let geom = wkb::reader::read_wkb(point_wkb)
+            .map_err(|e| InputError::new(Code::InvalidText, format!("routing point is not valid WKB: {e}")))?;
+        match geom.as_type() {
+            GeometryType::Point(p) => p.coord().map(|c| (c.x(), c.y())),
+            _ => None,
+        }
+        .ok_or_else(|| InputError::new(Code::InvalidParameter, "routing point must be a non-empty point"))
+    })?;
+    cell_for_lonlat(lon, lat, res)
 }
 
 /// H3 cell of a longitude/latitude pair in degrees.
@@ -88,6 +91,8 @@ pub(crate) mod tests {
         assert_eq!(cell_for_point_wkb(&point_wkb(f64::NAN, 0.0), 8).unwrap_err().code, Code::InvalidParameter);
         assert_eq!(cell_for_point_wkb(&point_wkb(200.0, 0.0), 8).unwrap_err().code, Code::OutOfRange);
         assert_eq!(cell_for_point_wkb(&[1, 2, 3], 8).unwrap_err().code, Code::InvalidText);
+        // A point cut short inside its ordinates: an error, not a panic.
+        assert_eq!(cell_for_point_wkb(&point_wkb(1.0, 2.0)[..12], 8).unwrap_err().code, Code::InvalidText);
         // LINESTRING(0 0, 1 1) is not a point.
         let mut line = vec![1u8];
         line.extend_from_slice(&2u32.to_le_bytes());
