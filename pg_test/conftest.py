@@ -58,6 +58,15 @@ class Cluster:
         return (self.dir / "server.log").read_text(errors="replace")
 
 
+def create_fault_point(conn: psycopg.Connection) -> None:
+    """Declares the debug build's fault-injection switch, public._test_crash_after_next_publish(). The
+    install script never declares it, so test and release builds generate the same SQL; only a
+    superuser can declare a C function."""
+    conn.execute("""CREATE OR REPLACE FUNCTION public._test_crash_after_next_publish() RETURNS void
+                    LANGUAGE c VOLATILE AS 'feature_outbox', '_test_crash_after_next_publish_wrapper'""")
+    conn.execute("REVOKE ALL ON FUNCTION public._test_crash_after_next_publish() FROM PUBLIC")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     c = Cluster(RUN_DIR / "pg", free_port())

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from conftest import RUN_DIR, Cluster, free_port
+from conftest import RUN_DIR, Cluster, create_fault_point, free_port
 from relay_harness import NatsServer, Receiver, wait_for
 
 DB = "relay"
@@ -58,6 +58,7 @@ def relay(nats_server):
     c.create_db(DB)
     with c.connect(DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        create_fault_point(conn)
     wait_for(lambda: worker_states(c) == ["idle"], 20, "the relay worker to become idle")
     yield c
     c.stop()
@@ -188,7 +189,7 @@ def test_crash_between_publish_and_mark_republishes_same_event_id_on_nats(relay,
     use_nats(relay, nats_server)
     dup_before = sum(w[0] for w in workers(relay, "duplicate_acks"))
     with relay.connect(DB) as conn:
-        conn.execute("SELECT feature_outbox._test_crash_after_next_publish()")
+        conn.execute("SELECT public._test_crash_after_next_publish()")
     edit(relay, 1201, "created", point(3, 3))
     wait_for(lambda: "fault injection: exiting after publish" in relay.log(), 10, "the injected crash")
     wait_for(lambda: not unpublished(relay, [1201]), 15, "the restarted worker to republish")
@@ -386,7 +387,7 @@ def test_http_crash_between_publish_and_mark_delivers_event_id_twice(relay, rece
     receiver.respond = lambda r: (200, {})
     use_http(relay, receiver)
     with relay.connect(DB) as conn:
-        conn.execute("SELECT feature_outbox._test_crash_after_next_publish()")
+        conn.execute("SELECT public._test_crash_after_next_publish()")
     edit(relay, 2101, "created", point(7, 7))
     wait_for(lambda: not unpublished(relay, [2101]), 15, "the restarted worker to republish")
     [row] = outbox(relay, [2101])

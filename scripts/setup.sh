@@ -6,7 +6,7 @@ set -euo pipefail
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 PKGS=(postgresql-15 postgresql-server-dev-15 postgresql-15-postgis-3 nats-server
-      clang libclang-dev pkg-config sudo)
+      clang libclang-dev pkg-config sudo binutils)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi

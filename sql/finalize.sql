@@ -7,14 +7,6 @@ REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _edit(bigint, geometry, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
 REVOKE ALL ON TABLE features, outbox FROM PUBLIC;
--- Test builds only: the relay's fault-injection switch is for superusers.
-DO $test$
-BEGIN
-    IF to_regprocedure('feature_outbox._test_crash_after_next_publish()') IS NOT NULL THEN
-        REVOKE ALL ON FUNCTION feature_outbox._test_crash_after_next_publish() FROM PUBLIC;
-    END IF;
-END
-$test$;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
 
 -- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema

@@ -15,6 +15,8 @@ use crate::relay_state::{MAX_WORKERS, RELAY, WorkerState, now};
 use crate::settings;
 use crate::sinks::{Outcome, Sink, SinkConfig};
 
+/// The release whose SQL this library runs; the relay waits until the schema is at it.
+const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 const RESTART: Duration = Duration::from_secs(2);
 const DATABASE_RETRY: Duration = Duration::from_secs(10);
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
@@ -120,13 +122,14 @@ struct Relay {
     sink: Option<(SinkConfig, Sink)>,
     sink_failures: u32,
     sink_down_logged: bool,
-    waiting_logged: bool,
+    /// The reason the worker last logged for waiting, so each is logged once.
+    waiting_logged: Option<String>,
     last_retention: Option<Instant>,
 }
 
 impl Relay {
     fn new(index: usize) -> Self {
-        Relay { index, sink: None, sink_failures: 0, sink_down_logged: false, waiting_logged: false, last_retention: None }
+        Relay { index, sink: None, sink_failures: 0, sink_down_logged: false, waiting_logged: None, last_retention: None }
     }
 
     fn run(&mut self) {
@@ -163,24 +166,9 @@ impl Relay {
 
     /// One wake-up: check the extension, publish until the backlog is drained, then retention.
     fn step(&mut self) -> Drain {
-        let present = in_transaction(|| {
-            Spi::get_one::<bool>("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'feature_outbox')")
-                .map_err(|e| e.to_string())
-        })
-        .and_then(|r| r);
-        match present {
-            Ok(Some(true)) => self.waiting_logged = false,
-            other => {
-                if let Err(e) = other {
-                    self.record_error(&e);
-                }
-                if !self.waiting_logged {
-                    log!("feature_outbox relay {}: extension feature_outbox is not created in this database yet; waiting", self.index);
-                    self.waiting_logged = true;
-                }
-                self.set_state(WorkerState::WaitingForExtension);
-                return Drain::Idle(poll_interval());
-            }
+        match self.schema_ready() {
+            Ok(()) => self.waiting_logged = None,
+            Err(wait) => return wait,
         }
         loop {
             // A long backlog must not delay shutdown or a settings reload.
@@ -217,6 +205,47 @@ impl Relay {
             Ok(Ok(Some(secs))) => Drain::Idle(poll.min(Duration::from_secs_f64(secs.max(0.001)))),
             _ => Drain::Idle(poll),
         }
+    }
+
+    /// Ok when this database holds the extension at the library's own version. Otherwise the worker
+    /// waits in a visible state, logged once per change of reason: the SQL it runs belongs to this
+    /// library's release, and an older schema (new files installed, ALTER EXTENSION UPDATE not yet
+    /// run) must not be claimed or marked by it. CREATE EXTENSION and every upgrade script end by
+    /// waking the workers at commit, so they resume at once.
+    fn schema_ready(&mut self) -> Result<(), Drain> {
+        let installed = in_transaction(|| {
+            // One row always: get_one fails on none.
+            Spi::get_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')")
+                .map_err(|e| e.to_string())
+        })
+        .and_then(|r| r);
+        // The reason is also recorded as the last error, where the backlog view shows it, unless the
+        // extension is simply not created here (nothing to relay then).
+        let (state, reason, is_error) = match installed {
+            Ok(Some(v)) if v == LIBRARY_VERSION => return Ok(()),
+            Ok(Some(v)) => (
+                WorkerState::WaitingForUpdate,
+                format!(
+                    "the schema is at version {v} and the library at {LIBRARY_VERSION}; waiting for ALTER EXTENSION feature_outbox UPDATE"
+                ),
+                true,
+            ),
+            Ok(None) => (
+                WorkerState::WaitingForExtension,
+                "extension feature_outbox is not created in this database yet; waiting".to_string(),
+                false,
+            ),
+            Err(e) => (WorkerState::WaitingForExtension, format!("cannot read pg_extension: {e}"), true),
+        };
+        if self.waiting_logged.as_deref() != Some(reason.as_str()) {
+            log!("feature_outbox relay {}: {reason}", self.index);
+            if is_error {
+                self.record_error(&reason);
+            }
+            self.waiting_logged = Some(reason);
+        }
+        self.set_state(state);
+        Err(Drain::Idle(poll_interval()))
     }
 
     fn sink_down(&mut self, error: &str, retry_after: Option<Duration>) -> Drain {
@@ -570,8 +599,10 @@ fn crash_if_requested(outcomes: &[Outcome]) {
 fn crash_if_requested(_outcomes: &[Outcome]) {}
 
 /// Test builds only: the next relay batch that gets acknowledgements exits before marking them.
+/// Declared by the test harness (as a superuser, outside the extension), never by the install
+/// script, so test and release builds generate the same SQL.
 #[cfg(feature = "fault-injection")]
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(sql = false)]
 fn _test_crash_after_next_publish() {
     RELAY.exclusive().crash_after_next_publish = true;
 }

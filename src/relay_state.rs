@@ -21,6 +21,7 @@ pub enum WorkerState {
     BackingOff = 3,
     WaitingForExtension = 4,
     WaitingForDatabase = 5,
+    WaitingForUpdate = 6,
 }
 
 impl WorkerState {
@@ -32,6 +33,7 @@ impl WorkerState {
             WorkerState::BackingOff => "backing off",
             WorkerState::WaitingForExtension => "waiting for extension",
             WorkerState::WaitingForDatabase => "waiting for database",
+            WorkerState::WaitingForUpdate => "waiting for ALTER EXTENSION UPDATE",
         }
     }
 }
