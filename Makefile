@@ -31,7 +31,10 @@ unit-test: setup
 pg-test: install-test
 	bash pg_test/run.sh
 
+## test: every test, then the release build back in place of the debug one the tests installed.
 test: unit-test pg-test
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
+	@echo "make test: the release build of feature_outbox is installed again (the tests ran a debug build); restart servers to load it"
 
 demo: setup
 	bash demo/run.sh

@@ -67,6 +67,9 @@ class NatsServer:
                 await nc.close()
                 return []
             out = []
+            if not info.state.messages:
+                await nc.close()
+                return out
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 m = await js.get_msg(stream, seq)
                 out.append({"subject": m.subject, "headers": dict(m.headers or {}), "event": json.loads(m.data)})

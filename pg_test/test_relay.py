@@ -3,6 +3,7 @@ nats-server -js, and an HTTP receiver in this process. No mocks.
 
 The cluster's poll interval is 60 s, so deliveries within seconds show the commit-time wake-up."""
 
+import asyncio
 import json
 import os
 import re
@@ -53,7 +54,8 @@ def relay(nats_server):
     real server, so the worker's missing-database path runs first."""
     c = Cluster(RUN_DIR / "relay", free_port())
     c.start(*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'")
-    wait_for(lambda: "cannot connect to database" in c.log(), 15, "the worker to report the missing database")
+    wait_for(lambda: 'database "relay" does not exist (see feature_outbox.database)' in c.log(), 15,
+             "the worker to report the missing database")
     c.missing_db_log = c.log()
     c.create_db(DB)
     with c.connect(DB) as conn:
@@ -124,9 +126,9 @@ def pause_relay(c):
 
 def test_missing_database_is_logged_and_retried_slowly(relay):
     log = relay.missing_db_log
-    assert 'cannot connect to database "relay"' in log
-    # Connect attempts to the missing database: at most one per 10 s after the first.
-    assert log.count('FATAL:  database "relay" does not exist') <= 2
+    assert 'database "relay" does not exist (see feature_outbox.database); waiting for CREATE DATABASE' in log
+    # One failed connect at start; after that the worker reads pg_database instead of connecting.
+    assert log.count('FATAL:  database "relay" does not exist') <= 1
 
 
 def test_worker_is_visible_in_pg_stat_activity(relay):
@@ -310,25 +312,30 @@ def test_nats_tls_with_private_ca_and_no_insecure_fallback(relay, nats_server):
         server.stop()
 
 
-def test_event_over_nats_max_payload_is_parked_while_others_flow(relay, nats_server):
+def test_event_over_a_tiny_nats_max_payload_goes_by_reference_in_many_chunks(relay, nats_server):
     conf = RUN_DIR / "nats-small.conf"
     conf.write_text("max_payload: 1024\n")
     server = NatsServer(RUN_DIR / "nats-small", "-c", str(conf))
     server.start()
     try:
-        configure(relay, endpoint=server.url)
         pause_relay(relay)
         ring = [[20 + i / 100, 20] for i in range(100)] + [[21, 21], [20, 20]]
-        edit(relay, 1601, "created", json.dumps({"type": "Polygon", "coordinates": [ring]}))  # ~4 KB event
+        geometry = {"type": "Polygon", "coordinates": [ring]}
+        edit(relay, 1601, "created", json.dumps(geometry))  # ~4 KB event: several object chunks
         edit(relay, 1602, "created", point(17, 17))
         configure(relay, endpoint=server.url)
-        wait_for(lambda: not unpublished(relay, [1602]), 15, "the small event")
-        wait_for(lambda: outbox(relay, [1601])[0]["parked_at"], 15, "the oversized event to be parked")
-        [big] = outbox(relay, [1601])
-        assert big["row_failures"] == 3 and "max_payload" in big["last_error"]
+        wait_for(lambda: not unpublished(relay, [1601, 1602]), 15, "both events")
+        [big] = [m["event"] for m in server.messages() if m["event"]["feature_id"] == "1601"]
+        assert big["geometry"] is None and big["geometry_ref"]["name"] == big["event_id"]
+
+        async def fetch():
+            import nats
+            nc = await nats.connect(server.url)
+            data = (await (await nc.jetstream().object_store("FEATURES_GEOMETRY")).get(big["event_id"])).data
+            await nc.close()
+            return data
+        assert json.loads(asyncio.run(fetch())) == geometry
     finally:
-        with relay.connect(DB) as conn:  # leave no parked row behind for the backlog assertions
-            conn.execute("DELETE FROM feature_outbox.outbox WHERE feature_id = 1601")
         use_nats(relay, nats_server)
         server.stop()
 

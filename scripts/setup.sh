@@ -18,6 +18,20 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
+  # postgresql-server-dev-15 depends on the same postgresql-15 version: installing the newest would
+  # upgrade a server that may be running. Pin it to the installed server when the archive has it.
+  if dpkg-query -W -f='${Status}' postgresql-15 2>/dev/null | grep -q "install ok installed"; then
+    server=$(dpkg-query -W -f='${Version}' postgresql-15)
+    for i in "${!missing[@]}"; do
+      [ "${missing[$i]}" = postgresql-server-dev-15 ] || continue
+      if apt-cache madison postgresql-server-dev-15 | grep -q "| $server |"; then
+        missing[$i]="postgresql-server-dev-15=$server"
+      else
+        echo "setup: WARNING: postgresql-server-dev-15 $server is not in the archive; installing the newest" \
+             "upgrades postgresql-15 $server too. Restart running PostgreSQL 15 clusters afterwards." >&2
+      fi
+    done
+  fi
   # Debian's postgresql-common would create and start a 15/main cluster; we never use it.
   $SUDO mkdir -p /etc/postgresql-common/createcluster.d
   echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.d/no-main.conf >/dev/null

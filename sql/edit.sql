@@ -153,8 +153,14 @@ BEGIN
         ON CONFLICT (id) DO NOTHING
         RETURNING f.version INTO new_version;
         IF new_version IS NULL THEN
+            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
+            IF old_retired IS NOT NULL THEN
+                RAISE EXCEPTION 'feature % already exists and is retired', p_feature_id USING ERRCODE = '23505',
+                    DETAIL = format('It was retired at %s.', old_retired),
+                    HINT = 'Ids of retired features are not reused, and a retired feature takes no edits: create it under a new id.';
+            END IF;
             RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
-                HINT = 'Send a moved event to change it; ids of retired features are not reused.';
+                HINT = 'Send a moved event to change it.';
         END IF;
     ELSE
         SELECT f.geom, f.retired_at INTO old_geom, old_retired

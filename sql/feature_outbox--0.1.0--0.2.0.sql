@@ -11,6 +11,144 @@
 
 \echo Use "ALTER EXTENSION feature_outbox UPDATE" to load this file. \quit
 
+-- From the first-hour trial: preload state, hints, parked age, monitoring grants ------------
+
+-- CREATE EXTENSION's NOTICE and the backlog take the preload state from the library itself.
+CREATE FUNCTION "_relay_preloaded"() RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_relay_preloaded_wrapper';
+
+-- created on a retired id says that ids are not reused, instead of "send a moved event".
+CREATE OR REPLACE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    g geometry;
+    old_geom geometry;
+    old_retired timestamptz;
+    new_version integer;
+    previous_key text;
+BEGIN
+    IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
+        RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
+            USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, retired.';
+    END IF;
+    IF p_feature_id IS NULL THEN
+        RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF p_geom IS NULL THEN
+        IF p_event_type <> 'retired' THEN
+            RAISE EXCEPTION 'geometry must not be NULL for a % event', p_event_type USING ERRCODE = '22004',
+                HINT = 'Only a retired event may omit the geometry; it then keeps the last one.';
+        END IF;
+    ELSIF ST_IsEmpty(p_geom) THEN
+        RAISE EXCEPTION 'geometry is empty' USING ERRCODE = '22023',
+            HINT = 'A feature needs a non-empty geometry. To remove a feature, send a retired event.';
+    ELSE
+        g := _prepare_geometry(p_geom);
+    END IF;
+
+    IF p_event_type = 'created' THEN
+        INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
+        ON CONFLICT (id) DO NOTHING
+        RETURNING f.version INTO new_version;
+        IF new_version IS NULL THEN
+            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
+            IF old_retired IS NOT NULL THEN
+                RAISE EXCEPTION 'feature % already exists and is retired', p_feature_id USING ERRCODE = '23505',
+                    DETAIL = format('It was retired at %s.', old_retired),
+                    HINT = 'Ids of retired features are not reused, and a retired feature takes no edits: create it under a new id.';
+            END IF;
+            RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
+                HINT = 'Send a moved event to change it.';
+        END IF;
+    ELSE
+        SELECT f.geom, f.retired_at INTO old_geom, old_retired
+          FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
+                HINT = 'Send a created event first.';
+        END IF;
+        IF old_retired IS NOT NULL THEN
+            RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
+                DETAIL = format('It was retired at %s.', old_retired),
+                HINT = 'A retired feature takes no further edits; create a new feature id.';
+        END IF;
+        previous_key := routing_key(old_geom);
+        UPDATE features f
+           SET geom = coalesce(g, f.geom),
+               version = f.version + 1,
+               updated_at = now(),
+               retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
+         WHERE f.id = p_feature_id
+        RETURNING f.version INTO new_version;
+        g := coalesce(g, old_geom);
+    END IF;
+
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
+    VALUES (p_feature_id, new_version, p_event_type, routing_key(g), previous_key);
+    PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
+    RETURN new_version;
+END
+$$;
+
+-- backlog gains oldest_parked_age (at the end, as CREATE OR REPLACE VIEW requires), metrics() its gauge.
+CREATE OR REPLACE VIEW backlog AS
+SELECT u.unpublished_rows,
+       u.oldest_unpublished_at,
+       greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
+       (SELECT max(o.published_at) FROM outbox o WHERE o.published_at IS NOT NULL) AS last_published_at,
+       u.failing_rows,
+       u.parked_rows,
+       u.oldest_parked_at,
+       s.relay_workers_running,
+       s.relay_last_active_at,
+       s.relay_last_error,
+       s.relay_last_error_at,
+       -- Parked rows wait for a person: alert on this age as well as on oldest_unpublished_age.
+       greatest(now() - u.oldest_parked_at, interval '0') AS oldest_parked_age
+  FROM (SELECT count(*) AS unpublished_rows,
+               -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
+               min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
+               count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
+               count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
+               min(o.parked_at) AS oldest_parked_at
+          FROM outbox o
+         WHERE o.published_at IS NULL) u,
+       _relay_status() s;
+
+CREATE OR REPLACE FUNCTION metrics() RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT concat_ws(E'\n',
+        '# HELP outbox_rows_relayed_total Outbox rows published and acknowledged since server start.',
+        '# TYPE outbox_rows_relayed_total counter',
+        format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
+        format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
+        format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
+        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
+                           E'\n' ORDER BY g.ord)
+           FROM (VALUES
+                 (1, 'outbox_unpublished_rows', 'Unpublished outbox rows, parked ones included.',
+                  b.unpublished_rows::numeric),
+                 (2, 'outbox_oldest_unpublished_age_seconds', 'Age of the oldest unpublished, unparked outbox row.',
+                  coalesce(extract(epoch FROM b.oldest_unpublished_age), 0)),
+                 (3, 'outbox_failing_rows', 'Unpublished rows with failed attempts that are not parked.',
+                  b.failing_rows),
+                 (4, 'outbox_parked_rows', 'Rows parked after feature_outbox.max_attempts failures.',
+                  b.parked_rows),
+                 (5, 'outbox_relay_workers_running', 'Relay background workers running for this database.',
+                  b.relay_workers_running),
+                 (6, 'outbox_oldest_parked_age_seconds', 'Age of the oldest parked outbox row; 0 when none.',
+                  coalesce(extract(epoch FROM b.oldest_parked_age), 0))) AS g(ord, name, help, value))
+    ) || E'\n'
+      FROM backlog b, _relay_status() s
+$$;
+
+-- Monitoring roles read the views.
+GRANT SELECT ON backlog, workers TO pg_monitor;
+
 -- As sql/finalize.sql does at CREATE EXTENSION: pin search_path on every SQL and plpgsql function,
 -- including those this script adds. PostGIS's schema is known only at run time.
 DO $pin$

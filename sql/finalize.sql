@@ -1,7 +1,8 @@
 -- Runs last: privileges, pinned search_path, and a word on which database the relay serves.
 
--- Privileges: PUBLIC may read the feature table and the views, and write nothing. Applications get
--- EXECUTE on edit_feature explicitly (README), so they cannot bypass the outbox (guide, gotcha 5).
+-- Privileges: PUBLIC may use the schema and write nothing; pg_monitor reads the views (monitoring.sql).
+-- Applications get EXECUTE on edit_feature explicitly (README), so they cannot bypass the outbox
+-- (guide, gotcha 5).
 REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _edit(bigint, geometry, text) FROM PUBLIC;
@@ -31,9 +32,11 @@ BEGIN
     -- CREATE EXTENSION runs its script at client_min_messages = warning; lift that for this notice.
     -- The change ends with the script.
     PERFORM set_config('client_min_messages', 'notice', true);
-    IF current_setting('feature_outbox.database', true) IS NULL THEN
+    -- From the library's own state: the feature_outbox.* settings read the same as placeholders
+    -- whether or not the library was preloaded.
+    IF NOT _relay_preloaded() THEN
         RAISE NOTICE 'feature_outbox is not in shared_preload_libraries, so no relay worker publishes this outbox'
-            USING HINT = 'Add it to shared_preload_libraries and restart the server.';
+            USING HINT = 'Add feature_outbox to shared_preload_libraries in postgresql.conf and restart the server.';
     ELSIF current_setting('feature_outbox.database') <> current_database() THEN
         RAISE NOTICE 'no feature_outbox relay serves database "%": the relay workers publish database "%"',
             current_database(), current_setting('feature_outbox.database')

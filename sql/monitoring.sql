@@ -13,7 +13,9 @@ SELECT u.unpublished_rows,
        s.relay_workers_running,
        s.relay_last_active_at,
        s.relay_last_error,
-       s.relay_last_error_at
+       s.relay_last_error_at,
+       -- Parked rows wait for a person: alert on this age as well as on oldest_unpublished_age.
+       greatest(now() - u.oldest_parked_at, interval '0') AS oldest_parked_age
   FROM (SELECT count(*) AS unpublished_rows,
                -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
                min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
@@ -52,11 +54,17 @@ AS $$
                  (4, 'outbox_parked_rows', 'Rows parked after feature_outbox.max_attempts failures.',
                   b.parked_rows),
                  (5, 'outbox_relay_workers_running', 'Relay background workers running for this database.',
-                  b.relay_workers_running)) AS g(ord, name, help, value))
+                  b.relay_workers_running),
+                 (6, 'outbox_oldest_parked_age_seconds', 'Age of the oldest parked outbox row; 0 when none.',
+                  coalesce(extract(epoch FROM b.oldest_parked_age), 0))) AS g(ord, name, help, value))
     ) || E'\n'
       FROM backlog b, _relay_status() s
 $$;
 COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages.';
+
+-- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
+-- for monitoring. Nothing in them is secret (errors never carry credentials).
+GRANT SELECT ON backlog, workers TO pg_monitor;
 
 -- Requeues parked rows for a fresh round of feature_outbox.max_attempts (attempts keeps the history).
 -- Returns how many.

@@ -40,14 +40,45 @@ struct Event<'a> {
     previous_routing_key: Option<&'a str>,
     crs: &'static str,
     geometry: Option<Value>,
+    /// Set instead of `geometry` when the event would exceed the NATS server's max_payload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    geometry_ref: Option<&'a GeometryRef>,
     occurred_at: &'a str,
     relayed_at: &'a str,
+}
+
+/// Where a geometry too large for one NATS message was put: a JetStream Object Store object holding
+/// the GeoJSON geometry text (NATS docs, "JetStream: Object Store").
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct GeometryRef {
+    pub bucket: String,
+    /// The event_id: one object per event, replaced (not duplicated) when the event is republished.
+    pub name: String,
+    /// Bytes of the object.
+    pub size: usize,
 }
 
 /// Serializes the event for `row`, its geometry as GeoJSON at full precision. An error (a geometry
 /// GeoJSON cannot carry) concerns this row only.
 pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, String> {
-    let geometry = row.geometry.as_deref().map(crate::geojson::from_wkb).transpose().map_err(|e| e.message)?;
+    build(row, relayed_at, geometry(row)?, None)
+}
+
+/// The event for `row` with `geometry: null` and `geometry_ref` pointing at its stored geometry.
+pub fn to_json_by_ref(row: &Row, relayed_at: &str, geometry_ref: &GeometryRef) -> Result<Vec<u8>, String> {
+    build(row, relayed_at, None, Some(geometry_ref))
+}
+
+/// The GeoJSON geometry text of `row` alone (what a geometry_ref object holds); None when deleted.
+pub fn geometry_json(row: &Row) -> Result<Option<Vec<u8>>, String> {
+    geometry(row)?.map(|g| serde_json::to_vec(&g).map_err(|e| e.to_string())).transpose()
+}
+
+fn geometry(row: &Row) -> Result<Option<Value>, String> {
+    row.geometry.as_deref().map(crate::geojson::from_wkb).transpose().map_err(|e| e.message)
+}
+
+fn build(row: &Row, relayed_at: &str, geometry: Option<Value>, geometry_ref: Option<&GeometryRef>) -> Result<Vec<u8>, String> {
     serde_json::to_vec(&Event {
         schema_version: row.schema_version,
         event_id: &row.event_id,
@@ -59,6 +90,7 @@ pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, String> {
         previous_routing_key: row.previous_routing_key.as_deref(),
         crs: "EPSG:4326",
         geometry,
+        geometry_ref,
         occurred_at: &row.occurred_at,
         relayed_at,
     })
@@ -113,6 +145,20 @@ mod tests {
         assert_eq!(v["geometry"]["coordinates"][0].as_f64().unwrap(), 13.400000000000001);
         assert_eq!(v["geometry"]["type"], "Point");
         assert_eq!(v.as_object().unwrap().len(), 12);
+    }
+
+    #[test]
+    fn event_by_reference_has_a_null_geometry_and_the_object_it_names() {
+        let r = row();
+        let object = geometry_json(&r).unwrap().unwrap();
+        let reference = GeometryRef { bucket: "FEATURES_GEOMETRY".into(), name: r.event_id.clone(), size: object.len() };
+        let v: serde_json::Value = serde_json::from_slice(&to_json_by_ref(&r, "t", &reference).unwrap()).unwrap();
+        assert!(v["geometry"].is_null());
+        assert_eq!(v["geometry_ref"], serde_json::json!({"bucket": "FEATURES_GEOMETRY", "name": r.event_id, "size": object.len()}));
+        // The object is exactly the geometry the inline event would carry.
+        let inline: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&object).unwrap(), inline["geometry"]);
+        assert_eq!(v.as_object().unwrap().len(), 13);
     }
 
     #[test]

@@ -10,6 +10,13 @@ use geo_traits::{
 use crate::input_error::{Code, InputError};
 
 const SWAP_HINT: &str = "Coordinates are longitude, latitude in degrees (EPSG:4326). Are x and y swapped?";
+/// For an ordinate no degree value comes near: these are projected units (metres, feet), not swapped degrees.
+const PROJECTED_HINT: &str = "These look like projected coordinates (metres or feet), not degrees. Name their EPSG code: a \"crs\" member in the GeoJSON ({\"type\":\"name\",\"properties\":{\"name\":\"EPSG:3857\"}}), or pass a geometry with ST_SetSRID(geom, 3857).";
+
+/// The hint for an out-of-range coordinate: far outside degrees means projected units.
+fn range_hint(x: f64, y: f64) -> &'static str {
+    if x.abs() > 360.0 || y.abs() > 180.0 { PROJECTED_HINT } else { SWAP_HINT }
+}
 
 fn read(wkb: &[u8]) -> Result<wkb::reader::Wkb<'_>, InputError> {
     wkb::reader::read_wkb(wkb)
@@ -128,10 +135,10 @@ fn coord(c: &impl CoordTrait<T = f64>, lonlat: bool) -> Result<(), InputError> {
             .hint("Every ordinate must be a finite number; NaN and Infinity are not coordinates."));
     }
     if lonlat && !(-180.0..=180.0).contains(&x) {
-        return Err(InputError::new(Code::OutOfRange, format!("longitude {x} is outside [-180, 180]")).hint(SWAP_HINT));
+        return Err(InputError::new(Code::OutOfRange, format!("longitude {x} is outside [-180, 180]")).hint(range_hint(x, y)));
     }
     if lonlat && !(-90.0..=90.0).contains(&y) {
-        return Err(InputError::new(Code::OutOfRange, format!("latitude {y} is outside [-90, 90]")).hint(SWAP_HINT));
+        return Err(InputError::new(Code::OutOfRange, format!("latitude {y} is outside [-90, 90]")).hint(range_hint(x, y)));
     }
     Ok(())
 }
@@ -210,6 +217,15 @@ mod tests {
         let err = check(&wkb(&swapped), true).unwrap_err();
         assert_eq!(err.code, Code::OutOfRange);
         assert!(err.hint.unwrap().contains("swapped"));
+    }
+
+    #[test]
+    fn projected_metres_get_a_crs_hint_not_a_swap_hint() {
+        // EPSG:3857 Berlin given as if it were degrees.
+        let berlin: Geometry = Point::new(1_491_681.0, 6_893_000.0).into();
+        let hint = check(&wkb(&berlin), true).unwrap_err().hint.unwrap();
+        assert!(hint.contains("projected") && hint.contains("crs") && hint.contains("ST_SetSRID"), "{hint}");
+        assert!(!hint.contains("swapped"));
     }
 
     #[test]

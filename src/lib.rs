@@ -40,7 +40,7 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/monitoring.sql",
     name = "monitoring",
-    requires = ["edit", monitoring::_relay_workers, monitoring::_relay_status]
+    requires = ["edit", monitoring::_relay_workers, monitoring::_relay_status, monitoring::_relay_preloaded]
 );
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 

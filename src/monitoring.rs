@@ -10,17 +10,30 @@ fn timestamp(ts: pgrx::pg_sys::TimestampTz) -> Option<TimestampWithTimeZone> {
     (ts != 0).then(|| TimestampWithTimeZone::try_from(ts).ok()).flatten()
 }
 
-/// Slots of the configured workers, when the relay serves the current database.
-fn slots_here() -> Vec<(usize, Slot)> {
+/// Slots of the configured workers when the relay serves the current database, else why none does.
+fn slots_here() -> Result<Vec<(usize, Slot)>, String> {
     if !ready() {
-        return Vec::new();
+        return Err("feature_outbox is not in shared_preload_libraries: no relay worker runs, nothing is published".into());
     }
     let here = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId)) };
-    if here.to_string_lossy() != settings::string(&settings::DATABASE) {
-        return Vec::new();
+    let here = here.to_string_lossy();
+    let served = settings::string(&settings::DATABASE);
+    if here != served {
+        return Err(format!("no relay worker serves database \"{here}\": feature_outbox.database is \"{served}\""));
     }
     let count = settings::RELAY_WORKERS.get().max(0) as usize;
-    RELAY.share().slots.iter().copied().take(count).enumerate().collect()
+    if count == 0 {
+        return Err("feature_outbox.relay_workers is 0: nothing is published".into());
+    }
+    Ok(RELAY.share().slots.iter().copied().take(count).enumerate().collect())
+}
+
+/// True when the server preloaded the library (shared_preload_libraries), so relay workers can run.
+/// From the library's own state, never from a setting's text: a placeholder setting looks the same
+/// whether or not the library was preloaded.
+#[pg_extern(stable, parallel_safe)]
+fn _relay_preloaded() -> bool {
+    ready()
 }
 
 /// One row per relay worker serving this database: its state and counters since server start.
@@ -40,6 +53,7 @@ fn _relay_workers() -> TableIterator<
     ),
 > {
     let rows = slots_here()
+        .unwrap_or_default()
         .into_iter()
         .map(|(i, s)| {
             (
@@ -58,7 +72,8 @@ fn _relay_workers() -> TableIterator<
     TableIterator::new(rows)
 }
 
-/// Relay totals for this database: workers running, last activity and error, rows relayed by type.
+/// Relay totals for this database: workers running, last activity, the current error (none once the
+/// worker works again; also why no worker serves this database), rows relayed by type.
 #[pg_extern(stable, parallel_safe)]
 fn _relay_status() -> TableIterator<
     'static,
@@ -72,16 +87,24 @@ fn _relay_status() -> TableIterator<
         name!(relayed_retired, i64),
     ),
 > {
-    let slots = slots_here();
+    let (slots, unserved) = match slots_here() {
+        Ok(slots) => (slots, None),
+        Err(why) => (Vec::new(), Some(why)),
+    };
     let running = slots.iter().filter(|(_, s)| s.pid != 0 && s.state != WorkerState::WaitingForDatabase).count() as i32;
     let last_active = slots.iter().map(|(_, s)| s.last_active_at).max().unwrap_or(0);
-    let last_error = slots.iter().max_by_key(|(_, s)| s.last_error_at).filter(|(_, s)| s.last_error_at != 0);
+    let current = slots.iter().filter(|(_, s)| s.error_active && s.last_error_at != 0).max_by_key(|(_, s)| s.last_error_at);
+    let (error, error_at) = match (unserved, current) {
+        (Some(why), _) => (Some(why), None),
+        (None, Some((_, s))) => (s.error_text(), timestamp(s.last_error_at)),
+        (None, None) => (None, None),
+    };
     let by_type = |t: usize| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>();
     TableIterator::once((
         running,
         timestamp(last_active),
-        last_error.and_then(|(_, s)| s.error_text()),
-        last_error.and_then(|(_, s)| timestamp(s.last_error_at)),
+        error,
+        error_at,
         by_type(0),
         by_type(1),
         by_type(2),

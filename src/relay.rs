@@ -17,8 +17,9 @@ use crate::sinks::{Outcome, Sink, SinkConfig};
 
 /// The release whose SQL this library runs; the relay waits until the schema is at it.
 const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
-const RESTART: Duration = Duration::from_secs(2);
-const DATABASE_RETRY: Duration = Duration::from_secs(10);
+// Short: a worker that waited for its database restarts to connect there (wait_for_database).
+const RESTART: Duration = Duration::from_secs(1);
+const DATABASE_POLL: Duration = Duration::from_millis(250);
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 const RETENTION_CHUNK: i64 = 5000;
 
@@ -45,8 +46,8 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let database = settings::string(&settings::DATABASE);
 
-    // A missing database makes the connect below FATAL, and the postmaster restarts us after 2 s.
-    // The slot remembers the failed attempt, so retries come at most every 10 s.
+    // A missing database makes the connect below FATAL, and the postmaster restarts us. The slot
+    // remembers the failed attempt: the next start waits for the database instead of connecting.
     let failed_before = RELAY.share().slots[index].connect_attempt_at != 0;
     update_slot(index, |s| {
         s.pid = unsafe { pg_sys::MyProcPid };
@@ -55,10 +56,7 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     });
     unsafe { pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(index)) };
     if failed_before {
-        log!("feature_outbox relay {index}: cannot connect to database \"{database}\" (see feature_outbox.database); retrying in 10 s");
-        if !sleep_for(DATABASE_RETRY) {
-            unsafe { pg_sys::proc_exit(1) };
-        }
+        wait_for_database(index, &database);
     }
     update_slot(index, |s| s.connect_attempt_at = now());
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
@@ -68,6 +66,53 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     // Exit 1 even on SIGTERM: exit 0 would unregister the worker for good after pg_terminate_backend.
     // During a real shutdown the postmaster restarts nothing.
     unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Waits, connected to no database (shared catalogs only), until `database` exists, then exits so
+/// that the postmaster starts this worker again after RESTART and it connects there. A worker can
+/// connect once per process. No FATAL per attempt: pg_database is read, not connected to.
+/// Scans pg_database, a shared catalog that a worker connected to no database can read (its
+/// indexes cannot be opened without one, so no get_database_oid). As the autovacuum launcher does.
+fn database_exists(name: &std::ffi::CStr) -> bool {
+    unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, lock);
+        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, std::ptr::null_mut(), 0, std::ptr::null_mut());
+        let mut found = false;
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
+            if std::ffi::CStr::from_ptr((*form).datname.data.as_ptr()) == name {
+                found = true;
+                break;
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, lock);
+        found
+    }
+}
+
+fn wait_for_database(index: usize, database: &str) {
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    let Ok(name) = std::ffi::CString::new(database) else { unsafe { pg_sys::proc_exit(1) } };
+    log!(
+        "feature_outbox relay {index}: database \"{database}\" does not exist (see feature_outbox.database); waiting for CREATE DATABASE"
+    );
+    loop {
+        let exists = BackgroundWorker::transaction(|| database_exists(&name));
+        if exists {
+            log!("feature_outbox relay {index}: database \"{database}\" exists now; connecting");
+            update_slot(index, |s| s.connect_attempt_at = 0);
+            unsafe { pg_sys::proc_exit(1) };
+        }
+        if !sleep_for(DATABASE_POLL, || false) {
+            unsafe { pg_sys::proc_exit(1) };
+        }
+    }
 }
 
 #[pg_guard]
@@ -83,19 +128,22 @@ pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) 
     f(&mut RELAY.exclusive().slots[index]);
 }
 
-/// Re-reads the configuration after a SIGHUP (the signal handler only sets a flag).
-fn reload_if_asked() {
-    if BackgroundWorker::sighup_received() {
+/// Re-reads the configuration after a SIGHUP (the signal handler only sets a flag). True if it did.
+fn reload_if_asked() -> bool {
+    let asked = BackgroundWorker::sighup_received();
+    if asked {
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
     }
+    asked
 }
 
 fn poll_interval() -> Duration {
     settings::millis(&settings::POLL_INTERVAL_MS)
 }
 
-/// Sleeps for `d` on the latch, ignoring commit wake-ups. False when SIGTERM arrived.
-fn sleep_for(d: Duration) -> bool {
+/// Sleeps for `d` on the latch, ignoring commit wake-ups, until `d` passed or `stop()` holds after a
+/// settings reload. False when SIGTERM arrived.
+fn sleep_for(d: Duration, stop: impl Fn() -> bool) -> bool {
     let deadline = Instant::now() + d;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -105,7 +153,9 @@ fn sleep_for(d: Duration) -> bool {
         if !BackgroundWorker::wait_latch(Some(left)) {
             return false;
         }
-        reload_if_asked();
+        if reload_if_asked() && stop() {
+            return true;
+        }
     }
 }
 
@@ -125,11 +175,13 @@ struct Relay {
     /// The reason the worker last logged for waiting, so each is logged once.
     waiting_logged: Option<String>,
     last_retention: Option<Instant>,
+    /// The stream-limits difference last logged, so a reconnect does not log it again.
+    limits_logged: Option<String>,
 }
 
 impl Relay {
     fn new(index: usize) -> Self {
-        Relay { index, sink: None, sink_failures: 0, sink_down_logged: false, waiting_logged: None, last_retention: None }
+        Relay { index, sink: None, sink_failures: 0, sink_down_logged: false, waiting_logged: None, last_retention: None, limits_logged: None }
     }
 
     fn run(&mut self) {
@@ -142,7 +194,9 @@ impl Relay {
                 Drain::Idle(wait) => wait,
                 Drain::SinkDown(delay) => {
                     self.set_state(WorkerState::BackingOff);
-                    if !sleep_for(delay) {
+                    // A changed sink setting (say, a corrected endpoint) ends the backoff at once.
+                    let config = Self::sink_config();
+                    if !sleep_for(delay, || Self::sink_config() != config) {
                         return;
                     }
                     continue;
@@ -278,6 +332,9 @@ impl Relay {
             stream: settings::string(&settings::NATS_STREAM),
             duplicate_window: Duration::from_secs(settings::NATS_DUPLICATE_WINDOW_S.get() as u64),
             replicas: settings::NATS_REPLICAS.get() as usize,
+            max_age: Duration::from_secs(settings::NATS_MAX_AGE_S.get().max(0) as u64),
+            object_bucket: settings::string(&settings::NATS_OBJECT_BUCKET),
+            http_max_body: settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024,
         }
     }
 
@@ -290,6 +347,13 @@ impl Relay {
         if self.sink.as_ref().is_none_or(|(c, _)| *c != config) {
             self.sink = None;
             let sink = Sink::connect(&config, &format!("feature_outbox relay {}", self.index))?;
+            if let Sink::Nats(nats) = &sink
+                && nats.limits_differ.is_some()
+                && nats.limits_differ != self.limits_logged
+            {
+                log!("feature_outbox relay {}: {}", self.index, nats.limits_differ.as_deref().unwrap_or_default());
+                self.limits_logged = nats.limits_differ.clone();
+            }
             self.sink = Some((config, sink));
         }
         Ok(&mut self.sink.as_mut().expect("just connected").1)
@@ -343,8 +407,11 @@ impl Relay {
         if let Some(e) = &p.row_error {
             self.record_error(e);
         }
-        for (id, error) in &p.parked {
-            log!("feature_outbox relay {}: outbox row {id} parked after feature_outbox.max_attempts failures: {error}", self.index);
+        for (id, why, error) in &p.parked {
+            log!("feature_outbox relay {}: outbox row {id} parked {why}: {error}", self.index);
+        }
+        if p.sink_error.is_none() && p.row_error.is_none() {
+            update_slot(self.index, |s| s.error_active = false);
         }
         if p.sink_error.is_none() && p.claimed > 0 {
             if self.sink_down_logged {
@@ -405,7 +472,7 @@ struct Published {
     delivered_by_type: [i64; 3],
     duplicates: i64,
     failed: i64,
-    parked: Vec<(i64, String)>,
+    parked: Vec<(i64, &'static str, String)>,
     row_error: Option<String>,
     sink_error: Option<(String, Option<Duration>)>,
 }
@@ -506,14 +573,14 @@ fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
     let events: Vec<Result<Vec<u8>, String>> = rows.iter().map(|r| event::to_json(r, relayed_at)).collect();
     if events.iter().all(Result::is_ok) {
         let bodies: Vec<Vec<u8>> = events.into_iter().flatten().collect();
-        return sink.publish(rows, &bodies);
+        return sink.publish(rows, &bodies, relayed_at);
     }
     let (ok_rows, ok_bodies): (Vec<Row>, Vec<Vec<u8>>) = rows
         .iter()
         .zip(&events)
         .filter_map(|(r, e)| e.as_ref().ok().map(|body| (r.clone(), body.clone())))
         .unzip();
-    let mut published = sink.publish(&ok_rows, &ok_bodies).into_iter();
+    let mut published = sink.publish(&ok_rows, &ok_bodies, relayed_at).into_iter();
     events
         .into_iter()
         .map(|e| match e {
@@ -530,7 +597,7 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
     let max_attempts = settings::MAX_ATTEMPTS.get();
     let (floor, cap) = (settings::millis(&settings::RETRY_BACKOFF_MIN_MS), settings::millis(&settings::RETRY_BACKOFF_MAX_MS));
     for (row, outcome) in rows.iter().zip(outcomes) {
-        let (error, permanent) = match outcome {
+        let (error, permanent, park_now) = match outcome {
             Outcome::Delivered { duplicate } => {
                 delivered.push(row.id);
                 if let Some(i) = crate::relay_state::EVENT_TYPES.iter().position(|t| *t == row.event_type) {
@@ -545,24 +612,24 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
             }
             Outcome::SinkFailed { error, retry_after } => {
                 p.sink_error.get_or_insert((error.clone(), *retry_after));
-                (error, false)
+                (error, false, false)
             }
-            Outcome::RowFailed(error) => {
+            Outcome::RowFailed(error) | Outcome::Undeliverable(error) => {
                 p.row_error = Some(format!("outbox row {}: {error}", row.id));
-                (error, true)
+                (error, true, matches!(outcome, Outcome::Undeliverable(_)))
             }
         };
         p.failed += 1;
         // Only row-level failures count towards parking and get a per-row retry time; a sink outage
         // is handled by the worker's backoff and never parks a row.
         let row_failures = row.row_failures + permanent as i32;
-        let park = permanent && max_attempts > 0 && row_failures >= max_attempts;
+        let park = park_now || (permanent && max_attempts > 0 && row_failures >= max_attempts);
         let retry_ms = permanent.then(|| backoff::delay(row_failures as u32, floor, cap, None, rand::random::<f64>()).as_millis() as f64);
         client
             .update(
                 "UPDATE feature_outbox.outbox
                     SET attempts = attempts + 1, row_failures = row_failures + $5::int, last_error = $2, last_attempt_at = now(),
-                        next_attempt_at = CASE WHEN $3::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $3 / 1000) END,
+                        next_attempt_at = CASE WHEN $4 OR $3::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $3 / 1000) END,
                         parked_at = CASE WHEN $4 THEN now() END
                   WHERE id = $1",
                 None,
@@ -570,12 +637,13 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
             )
             .map_err(|e| e.to_string())?;
         if park {
-            p.parked.push((row.id, error.clone()));
+            let why = if park_now { "at once (it can never be delivered as it is)" } else { "after feature_outbox.max_attempts failures" };
+            p.parked.push((row.id, why, error.clone()));
         }
     }
     if !delivered.is_empty() {
         client
-            .update("UPDATE feature_outbox.outbox SET published_at = now() WHERE id = ANY($1)", None, &[delivered.into()])
+            .update("UPDATE feature_outbox.outbox SET published_at = clock_timestamp() WHERE id = ANY($1)", None, &[delivered.into()])
             .map_err(|e| e.to_string())?;
     }
     Ok(p)

@@ -51,6 +51,9 @@ pub struct Slot {
     pub last_active_at: pg_sys::TimestampTz,
     pub last_error_at: pg_sys::TimestampTz,
     pub last_error: [u8; ERROR_LEN],
+    /// True from an error until the worker next works without one (the sink is back): the backlog
+    /// view shows only current errors, the workers view the last one either way.
+    pub error_active: bool,
     /// When this slot's worker last tried to connect to its database, cleared once connected.
     pub connect_attempt_at: pg_sys::TimestampTz,
 }
@@ -68,6 +71,7 @@ impl Default for Slot {
             last_active_at: 0,
             last_error_at: 0,
             last_error: [0; ERROR_LEN],
+            error_active: false,
             connect_attempt_at: 0,
         }
     }
@@ -88,6 +92,7 @@ impl Slot {
         self.last_error = [0; ERROR_LEN];
         self.last_error[..end].copy_from_slice(&text.as_bytes()[..end]);
         self.last_error_at = at;
+        self.error_active = true;
     }
 }
 

@@ -37,6 +37,9 @@ pub static NATS_SUBJECT_PREFIX: GucSetting<Option<CString>> = GucSetting::<Optio
 pub static NATS_STREAM: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"FEATURES"));
 pub static NATS_DUPLICATE_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(600);
 pub static NATS_REPLICAS: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static NATS_MAX_AGE_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
+pub static NATS_OBJECT_BUCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"FEATURES_GEOMETRY"));
+pub static HTTP_MAX_BODY_KB: GucSetting<i32> = GucSetting::<i32>::new(10 * 1024);
 
 /// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
 pub fn init() {
@@ -91,6 +94,8 @@ pub fn init() {
     sighup(c"feature_outbox.retry_backoff_max", c"Cap of the relay's exponential retry backoff (also caps Retry-After).", &RETRY_BACKOFF_MAX_MS, 1, 86_400_000, GucFlags::UNIT_MS);
     sighup(c"feature_outbox.nats_duplicate_window", c"JetStream duplicate window of the stream the relay creates.", &NATS_DUPLICATE_WINDOW_S, 1, 7 * 86_400, GucFlags::UNIT_S);
     sighup(c"feature_outbox.nats_replicas", c"Replicas of the JetStream stream the relay creates.", &NATS_REPLICAS, 1, 5, GucFlags::default());
+    sighup(c"feature_outbox.nats_max_age", c"Max age of messages in the JetStream stream (and object bucket) the relay creates; at least nats_duplicate_window, 0 keeps them forever.", &NATS_MAX_AGE_S, 0, i32::MAX, GucFlags::UNIT_S);
+    sighup(c"feature_outbox.http_max_body", c"Largest webhook body; a larger event is parked at once.", &HTTP_MAX_BODY_KB, 1, 1024 * 1024, GucFlags::UNIT_KB);
     let string = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
         GucRegistry::define_string_guc(name, short, c"", setting, GucContext::Sighup, GucFlags::default())
     };
@@ -110,6 +115,7 @@ pub fn init() {
     string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
     string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
     string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
+    string(c"feature_outbox.nats_object_bucket", c"JetStream Object Store bucket for geometries of events over the server's max_payload.", &NATS_OBJECT_BUCKET);
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.http_secret",

@@ -59,6 +59,9 @@ SELECT try($$SELECT feature_outbox.edit_feature(2, ST_GeomFromText('TIN(((0 0,0 
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('0102000000010000000000000000000000000000000000F03F'::geometry, 4326), 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('0103000000010000000300000000000000000000000000000000000000000000000000F03F000000000000F03F00000000000000000000000000000000'::geometry, 4326), 'created')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, ST_SetSRID('0103000000010000000400000000000000000000000000000000000000000000000000F03F0000000000000000000000000000F03F000000000000F03F0000000000000000000000000000F03F'::geometry, 4326), 'created')$$);
+-- Projected metres given as GeoJSON degrees (EPSG:3857 Berlin, no crs member): the hint names the
+-- crs member and ST_SetSRID, not swapped axes.
+SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1491681.2,6893000.5]}', 'created')$$);
 -- An unknown event_type lists the valid ones.
 SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1,2]}', 'deleted')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(2, '{"type":"Point","coordinates":[1,2]}', NULL)$$);

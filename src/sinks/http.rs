@@ -16,6 +16,7 @@ pub struct HttpSink {
     shown_url: String,
     secret: Option<String>,
     timeout: Duration,
+    max_body: usize,
 }
 
 impl HttpSink {
@@ -44,7 +45,7 @@ impl HttpSink {
             .build()
             .into();
         let shown_url = crate::settings::redact_urls(config.endpoint.split('?').next().unwrap_or_default());
-        Ok(HttpSink { agent, url: config.endpoint.clone(), shown_url, secret: config.http_secret.clone(), timeout: config.publish_timeout })
+        Ok(HttpSink { agent, url: config.endpoint.clone(), shown_url, secret: config.http_secret.clone(), timeout: config.publish_timeout, max_body: config.http_max_body })
     }
 
     /// POSTs the batch in order, stopping at the first sink-level failure. No request starts after
@@ -57,6 +58,12 @@ impl HttpSink {
             let stop = outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. }));
             let outcome = if stop || Instant::now() > deadline {
                 Outcome::NotTried
+            } else if body.len() > self.max_body {
+                Outcome::Undeliverable(format!(
+                    "event of {} bytes exceeds feature_outbox.http_max_body ({} bytes)",
+                    body.len(),
+                    self.max_body
+                ))
             } else {
                 self.post(row, body)
             };

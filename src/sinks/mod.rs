@@ -19,6 +19,10 @@ pub struct SinkConfig {
     pub stream: String,
     pub duplicate_window: Duration,
     pub replicas: usize,
+    /// JetStream stream and object bucket max_age; zero keeps messages forever.
+    pub max_age: Duration,
+    pub object_bucket: String,
+    pub http_max_body: usize,
 }
 
 /// What happened to one row of a batch.
@@ -26,8 +30,11 @@ pub struct SinkConfig {
 pub enum Outcome {
     /// Acknowledged by the sink (for JetStream, `duplicate` is true when the PubAck said so).
     Delivered { duplicate: bool },
-    /// This row can never be delivered as it is (a 4xx, a payload over max_payload, a bad subject).
+    /// This row failed on its own (a 4xx, a bad subject): retried per row, parked after max_attempts.
     RowFailed(String),
+    /// This row can never be delivered by this sink as it is (over feature_outbox.http_max_body):
+    /// parked at once, since retrying cannot help.
+    Undeliverable(String),
     /// The sink is down or overloaded; retry everything later, parking nothing.
     SinkFailed { error: String, retry_after: Option<Duration> },
     /// Not sent because the sink failed earlier in the batch.
@@ -53,10 +60,11 @@ impl Sink {
         }
     }
 
-    /// Publishes one claimed batch; `bodies[i]` is the event JSON of `rows[i]`. Returns one outcome per row.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>]) -> Vec<Outcome> {
+    /// Publishes one claimed batch; `bodies[i]` is the event JSON of `rows[i]`, relayed at
+    /// `relayed_at` (for an event rebuilt with its geometry by reference). One outcome per row.
+    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>], relayed_at: &str) -> Vec<Outcome> {
         match self {
-            Sink::Nats(s) => s.publish(rows, bodies),
+            Sink::Nats(s) => s.publish(rows, bodies, relayed_at),
             Sink::Http(s) => s.publish(rows, bodies),
         }
     }

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use async_nats::jetstream::{self, context::PublishErrorKind, object_store, stream};
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use futures::future::join_all;
 use tokio::runtime::Runtime;
 
 use super::{Outcome, SinkConfig};
-use crate::event::Row;
+use crate::event::{self, GeometryRef, Row};
 
 pub struct NatsSink {
     runtime: Runtime,
@@ -18,6 +18,11 @@ pub struct NatsSink {
     js: jetstream::Context,
     prefix: String,
     timeout: Duration,
+    bucket: object_store::Config,
+    /// The object bucket, created or found on the first event over max_payload.
+    objects: Option<object_store::ObjectStore>,
+    /// Set when the stream existed with limits other than the settings ask for; the worker logs it.
+    pub limits_differ: Option<String>,
 }
 
 /// Splits `scheme://[user[:password]@]host:port` into credentials and a credential-free address.
@@ -64,33 +69,61 @@ impl NatsSink {
         if let Some(ca) = &config.tls_ca_file {
             options = options.add_root_certificates(ca.into());
         }
+        // JetStream refuses a stream whose max_age is below its duplicate window.
+        if !config.max_age.is_zero() && config.max_age < config.duplicate_window {
+            return Err(format!(
+                "feature_outbox.nats_max_age ({} s) must be at least feature_outbox.nats_duplicate_window ({} s), or 0",
+                config.max_age.as_secs(),
+                config.duplicate_window.as_secs()
+            ));
+        }
+        // Credential-free, for errors that reach the views and the log.
+        let servers = addresses.iter().map(|a| format!("{}:{}", a.host(), a.port())).collect::<Vec<_>>().join(", ");
         let timeout = config.publish_timeout;
-        let (client, js) = runtime.block_on(async {
+        let wanted = stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![format!("{}.>", config.subject_prefix)],
+            duplicate_window: config.duplicate_window,
+            num_replicas: config.replicas,
+            max_age: config.max_age,
+            ..Default::default()
+        };
+        let (client, js, limits_differ) = runtime.block_on(async {
             let client = tokio::time::timeout(timeout, options.connect(addresses.as_slice()))
                 .await
-                .map_err(|_| "timed out connecting to NATS".to_string())?
-                .map_err(|e| format!("cannot connect to NATS: {e}"))?;
+                .map_err(|_| format!("timed out connecting to NATS at {servers}"))?
+                .map_err(|e| format!("cannot connect to NATS at {servers}: {e}"))?;
             let mut js = jetstream::new(client.clone());
             js.set_timeout(timeout);
-            js.get_or_create_stream(stream::Config {
-                name: config.stream.clone(),
-                subjects: vec![format!("{}.>", config.subject_prefix)],
-                duplicate_window: config.duplicate_window,
-                num_replicas: config.replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| format!("cannot create or find JetStream stream {}: {e}", config.stream))?;
-            Ok::<_, String>((client, js))
+            let mut stream = js
+                .get_or_create_stream(wanted.clone())
+                .await
+                .map_err(|e| format!("cannot create or find JetStream stream {}: {e}", config.stream))?;
+            let have = &stream.info().await.map_err(|e| format!("cannot read JetStream stream {}: {e}", config.stream))?.config;
+            Ok::<_, String>((client, js, limits_note(&wanted, have)))
         })?;
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), timeout })
+        let bucket = object_store::Config {
+            bucket: config.object_bucket.clone(),
+            max_age: config.max_age,
+            num_replicas: config.replicas,
+            ..Default::default()
+        };
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), timeout, bucket, objects: None, limits_differ })
     }
 
     /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
     /// awaited together. Every await is bounded by publish_timeout, so a stalled server costs one
     /// timeout, never a stuck transaction. After a sink-level failure the rest is not tried.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>]) -> Vec<Outcome> {
+    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>], relayed_at: &str) -> Vec<Outcome> {
         let max_payload = self.client.server_info().max_payload;
+        // An event over max_payload carries its geometry by reference: the geometry goes into the
+        // object bucket first, and the event follows only once the object is stored.
+        let mut by_ref: Vec<Option<Result<Vec<u8>, Outcome>>> = vec![None; rows.len()];
+        for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
+            if too_large(body.len(), max_payload) {
+                by_ref[i] = Some(self.store_geometry(row, relayed_at, max_payload));
+            }
+        }
         let (js, prefix, timeout) = (&self.js, &self.prefix, self.timeout);
         self.runtime.block_on(async {
             let mut outcomes = Vec::with_capacity(rows.len());
@@ -99,9 +132,14 @@ impl NatsSink {
                     outcomes.extend(rows.iter().map(|_| Outcome::NotTried));
                     continue;
                 }
+                let first = outcomes.len();
                 let mut pending = Vec::with_capacity(rows.len());
-                for (row, body) in rows.iter().zip(bodies) {
-                    pending.push(send(js, prefix, timeout, max_payload, row, body).await);
+                for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
+                    pending.push(match &by_ref[first + i] {
+                        None => send(js, prefix, timeout, max_payload, row, body).await,
+                        Some(Ok(thin)) => send(js, prefix, timeout, max_payload, row, thin).await,
+                        Some(Err(outcome)) => Err(outcome.clone()),
+                    });
                 }
                 let acks = pending.into_iter().map(|p| async move {
                     match p {
@@ -118,6 +156,80 @@ impl NatsSink {
             outcomes
         })
     }
+}
+
+impl NatsSink {
+    /// Puts the row's GeoJSON geometry into the object bucket (named by event_id, so a republish
+    /// replaces it) and returns the event that refers to it. Failing to store is sink-level.
+    fn store_geometry(&mut self, row: &Row, relayed_at: &str, max_payload: usize) -> Result<Vec<u8>, Outcome> {
+        let sink_failed = |error: String| Outcome::SinkFailed { error, retry_after: None };
+        let object = match event::geometry_json(row) {
+            Ok(Some(object)) => object,
+            Ok(None) => return Err(Outcome::RowFailed("event exceeds max_payload without a geometry".into())),
+            Err(e) => return Err(Outcome::RowFailed(format!("cannot build the event: {e}"))),
+        };
+        let (js, bucket, timeout) = (&self.js, &self.bucket, self.timeout);
+        let objects = match &self.objects {
+            Some(objects) => objects.clone(),
+            None => {
+                let found = self.runtime.block_on(async {
+                    match tokio::time::timeout(timeout, js.get_object_store(&bucket.bucket)).await {
+                        Ok(Ok(store)) => Ok(store),
+                        _ => tokio::time::timeout(timeout, js.create_object_store(bucket.clone()))
+                            .await
+                            .map_err(|_| "timed out".to_string())
+                            .and_then(|r| r.map_err(|e| e.to_string())),
+                    }
+                });
+                let store = found.map_err(|e| sink_failed(format!("cannot create or find object bucket {}: {e}", bucket.bucket)))?;
+                self.objects = Some(store.clone());
+                store
+            }
+        };
+        // Chunks are acknowledged one by one; allow one publish_timeout per MiB, at least one.
+        let budget = timeout * (1 + (object.len() >> 20) as u32);
+        // Each chunk is one message: keep it under max_payload (the library's default is 128 KiB).
+        let meta = object_store::ObjectMetadata {
+            name: row.event_id.clone(),
+            chunk_size: Some(max_payload.saturating_sub(HEADER_ROOM).clamp(256, 128 * 1024)),
+            ..Default::default()
+        };
+        let put = self.runtime.block_on(async { tokio::time::timeout(budget, objects.put(meta, &mut object.as_slice())).await });
+        match put {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(sink_failed(format!("cannot store the geometry in object bucket {}: {e}", self.bucket.bucket))),
+            Err(_) => return Err(sink_failed(format!("storing the geometry in object bucket {} timed out", self.bucket.bucket))),
+        }
+        let reference = GeometryRef { bucket: self.bucket.bucket.clone(), name: row.event_id.clone(), size: object.len() };
+        event::to_json_by_ref(row, relayed_at, &reference).map_err(Outcome::RowFailed)
+    }
+}
+
+/// Room for the headers next to an event's body in one message.
+const HEADER_ROOM: usize = 256;
+
+fn too_large(body: usize, max_payload: usize) -> bool {
+    body + HEADER_ROOM > max_payload
+}
+
+/// Describes how an existing stream's limits differ from the settings; None when they agree.
+/// The relay never changes a stream it did not just create: its owner may have chosen the limits.
+fn limits_note(wanted: &stream::Config, have: &stream::Config) -> Option<String> {
+    let mut differ = Vec::new();
+    if have.max_age != wanted.max_age {
+        differ.push(format!("max_age {} s (feature_outbox.nats_max_age {} s)", have.max_age.as_secs(), wanted.max_age.as_secs()));
+    }
+    if have.duplicate_window != wanted.duplicate_window {
+        differ.push(format!(
+            "duplicate_window {} s (feature_outbox.nats_duplicate_window {} s)",
+            have.duplicate_window.as_secs(),
+            wanted.duplicate_window.as_secs()
+        ));
+    }
+    if have.num_replicas != wanted.num_replicas {
+        differ.push(format!("replicas {} (feature_outbox.nats_replicas {})", have.num_replicas, wanted.num_replicas));
+    }
+    (!differ.is_empty()).then(|| format!("JetStream stream {} exists with other limits, left as they are: {}", have.name, differ.join(", ")))
 }
 
 /// async-nats holds at most 5,000 PubAcks in flight and then waits for a free slot; chunks stay
@@ -137,7 +249,7 @@ async fn send(
     if !valid_subject(&subject) {
         return Err(Outcome::RowFailed(format!("invalid NATS subject \"{subject}\"")));
     }
-    if body.len() + 256 > max_payload {
+    if too_large(body.len(), max_payload) {
         return Err(Outcome::RowFailed(format!(
             "event of {} bytes exceeds the NATS server's max_payload of {max_payload} bytes",
             body.len()
@@ -180,6 +292,17 @@ mod tests {
         assert_eq!(split_credentials("nats://a:b@h:4222"), (Some(("a".into(), Some("b".into()))), "nats://h:4222".into()));
         assert_eq!(split_credentials("tls://tok@h:4222"), (Some(("tok".into(), None)), "tls://h:4222".into()));
         assert_eq!(split_credentials("nats://h:4222"), (None, "nats://h:4222".into()));
+    }
+
+    #[test]
+    fn differing_stream_limits_are_named() {
+        let wanted = stream::Config { name: "FEATURES".into(), max_age: Duration::from_secs(604800), duplicate_window: Duration::from_secs(600), num_replicas: 1, ..Default::default() };
+        assert_eq!(limits_note(&wanted, &wanted.clone()), None);
+        let have = stream::Config { max_age: Duration::ZERO, ..wanted.clone() };
+        assert_eq!(
+            limits_note(&wanted, &have).unwrap(),
+            "JetStream stream FEATURES exists with other limits, left as they are: max_age 0 s (feature_outbox.nats_max_age 604800 s)"
+        );
     }
 
     #[test]
