@@ -141,7 +141,8 @@ EDITS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["edits"])
 # ---------------------------------------------------------------------------------------------------
 step "6. Consume, and wait for the relay to drain the outbox"
 psql -xc "SELECT * FROM feature_outbox.backlog" >"$RUN/backlog_before.txt"
-echo "backlog with the relay paused: $(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog") unpublished rows"
+PEAK=$(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog")
+echo "backlog with the relay paused: $PEAK unpublished rows"
 # Unpausing ends the worker's backoff at once: a changed sink setting does.
 reload_endpoint "$NATS_URL"
 T_DRAIN=$(now)
@@ -180,9 +181,9 @@ psql -Atc "SELECT json_build_object(
              'seconds', extract(epoch FROM max(published_at) - min(published_at)))
            FROM feature_outbox.outbox" >"$RUN/relay.json"
 
-"$PY" - "$RUN" "$LOAD_SECONDS" "$(since "$T0")" "$BACKLOG_AFTER" <<'EOF'
+"$PY" - "$RUN" "$LOAD_SECONDS" "$(since "$T0")" "$BACKLOG_AFTER" "$PEAK" <<'EOF'
 import json, sys
-run, load_s, total_s, backlog = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+run, load_s, total_s, backlog, peak = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 load = json.load(open(f"{run}/load.json"))
 got = json.load(open(f"{run}/consumer.json"))   # the consumer's one-line summary
 relay = json.load(open(f"{run}/relay.json"))    # from the outbox: created_at and published_at
@@ -215,6 +216,8 @@ for c in got["busiest_cells"]:
 problems = []
 if got["unique_events"] != load["edits"]:
     problems.append(f"unique events received {got['unique_events']} != edits made {load['edits']}")
+if peak != load["edits"]:
+    problems.append(f"the paused relay's backlog peaked at {peak} rows, not one per edit ({load['edits']})")
 if backlog != 0:
     problems.append(f"backlog after is {backlog} unpublished rows, not 0")
 if got["header_mismatches"] or got["malformed"]:

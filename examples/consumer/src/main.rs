@@ -63,8 +63,18 @@ struct Event {
     previous_routing_key: Option<String>, // the cell before the edit; null for created
     crs: String,                   // always "EPSG:4326"
     geometry: Value,               // GeoJSON geometry at geometry_version, or null
+    // Set (with geometry null) when the event would exceed the NATS server's max_payload: the
+    // geometry is an object in a JetStream Object Store bucket.
+    geometry_ref: Option<GeometryRef>,
     occurred_at: String,
     relayed_at: String,
+}
+
+#[derive(Deserialize, Clone)]
+struct GeometryRef {
+    bucket: String,
+    name: String, // the event_id
+    size: usize,  // bytes of the GeoJSON geometry text
 }
 
 #[derive(Default)]
@@ -80,6 +90,7 @@ struct Consumer {
     redelivered: u64,     // JetStream delivered this message more than once (not acked in time)
     header_mismatches: u64, // headers or subject disagree with the body: a relay bug
     malformed: u64,
+    geometry_refs_fetched: u64,
     sample: Option<(usize, Value)>, // smallest moved event (falls back to any), for the report
 }
 
@@ -154,7 +165,8 @@ impl Consumer {
         if header("Previous-Routing-Key") != e.previous_routing_key {
             problems.push(format!("Previous-Routing-Key {:?}", header("Previous-Routing-Key")));
         }
-        if e.crs != "EPSG:4326" || e.geometry.is_null() != e.geometry_version.is_none() {
+        let has_geometry = !e.geometry.is_null() || e.geometry_ref.is_some();
+        if e.crs != "EPSG:4326" || has_geometry == e.geometry_version.is_none() {
             problems.push(format!("crs {} / geometry vs geometry_version", e.crs));
         }
         if !problems.is_empty() {
@@ -189,6 +201,7 @@ impl Consumer {
             "redelivered": self.redelivered,
             "header_mismatches": self.header_mismatches,
             "malformed": self.malformed,
+            "geometry_refs_fetched": self.geometry_refs_fetched,
             "stopped_by": stopped_by,
             "sample_event": self.sample.as_ref().map(|(_, v)| v.clone()),
         })
@@ -260,6 +273,23 @@ async fn main() -> Result<(), async_nats::Error> {
         if message.info().is_ok_and(|i| i.delivered > 1) {
             state.redelivered += 1;
         }
+        // A large geometry travels by reference: read it from the bucket before processing. If that
+        // fails, nothing is counted and the message is not acked: JetStream redelivers it.
+        #[derive(Deserialize)]
+        struct ByRef {
+            geometry_ref: Option<GeometryRef>,
+        }
+        if let Some(r) = serde_json::from_slice::<ByRef>(&message.payload).ok().and_then(|e| e.geometry_ref) {
+            match fetch_geometry(&js, &r).await {
+                Ok(geometry) if geometry.len() == r.size => state.geometry_refs_fetched += 1,
+                Ok(geometry) => eprintln!("consumer: object {} holds {} bytes, not {}", r.name, geometry.len(), r.size),
+                Err(e) => {
+                    eprintln!("consumer: cannot fetch geometry {}/{}: {e}", r.bucket, r.name);
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    continue;
+                }
+            }
+        }
         let verdict = state.process(message.subject.as_str(), message.headers.as_ref(), &message.payload);
         // Ack only now, after processing. A malformed event will not improve on redelivery: Term
         // tells JetStream to stop redelivering it (a real consumer would dead-letter it first).
@@ -280,6 +310,16 @@ async fn main() -> Result<(), async_nats::Error> {
     eprintln!("consumer: stopped ({stopped_by}) after {} unique events", state.unique_events);
     println!("{}", state.summary(window, stopped_by));
     Ok(())
+}
+
+/// Reads a geometry_ref's object: the GeoJSON geometry text (needs read access to the bucket).
+async fn fetch_geometry(js: &jetstream::Context, r: &GeometryRef) -> Result<Vec<u8>, async_nats::Error> {
+    use tokio::io::AsyncReadExt;
+    let store = js.get_object_store(&r.bucket).await?;
+    let mut object = store.get(&r.name).await?;
+    let mut bytes = Vec::with_capacity(r.size);
+    object.read_to_end(&mut bytes).await?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
