@@ -78,6 +78,17 @@ class NatsServer:
         return asyncio.run(read())
 
 
+def get_object(server, bucket: str, name: str) -> bytes:
+    """The content of one JetStream Object Store object on `server`."""
+    async def read():
+        nc = await nats.connect(server.url.replace("tls://", "nats://"), **server.client)
+        store = await nc.jetstream().object_store(bucket)
+        data = (await store.get(name)).data
+        await nc.close()
+        return data
+    return asyncio.run(read())
+
+
 class Receiver:
     """Records every POST; `respond(request) -> (status, headers)` decides each answer (default 200)."""
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from conftest import PG_BIN, ROOT, RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, Receiver, wait_for
+from relay_harness import NatsServer, Receiver, get_object, wait_for
 
 FAST_RETRY = ("feature_outbox.retry_backoff_min = '100ms'", "feature_outbox.retry_backoff_max = '1s'",
               "feature_outbox.publish_timeout = '2s'")
@@ -174,14 +174,7 @@ def test_an_event_over_max_payload_carries_its_geometry_in_the_object_store(clus
         assert small["geometry"] == {"type": "Point", "coordinates": [10, 50]} and "geometry_ref" not in small
         assert large["geometry"] is None
         assert large["geometry_ref"]["bucket"] == "FEATURES_GEOMETRY" and large["geometry_ref"]["name"] == large["event_id"]
-
-        async def fetch():
-            nc = await nats.connect(server.url)
-            obj = await nc.jetstream().object_store("FEATURES_GEOMETRY")
-            result = await obj.get(large["geometry_ref"]["name"])
-            await nc.close()
-            return result.data
-        stored = asyncio.run(fetch())
+        stored = get_object(server, "FEATURES_GEOMETRY", large["geometry_ref"]["name"])
         assert len(stored) == large["geometry_ref"]["size"]
         # The object is the geometry, at full precision, exactly as an inline event would carry it.
         assert json.loads(stored) == json.loads(big)

@@ -3,7 +3,6 @@ nats-server -js, and an HTTP receiver in this process. No mocks.
 
 The cluster's poll interval is 60 s, so deliveries within seconds show the commit-time wake-up."""
 
-import asyncio
 import json
 import os
 import re
@@ -16,7 +15,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
-from relay_harness import NatsServer, Receiver, wait_for
+from relay_harness import NatsServer, Receiver, get_object, wait_for
 
 DB = "relay"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -327,14 +326,7 @@ def test_event_over_a_tiny_nats_max_payload_goes_by_reference_in_many_chunks(rel
         wait_for(lambda: not unpublished(relay, [1601, 1602]), 15, "both events")
         [big] = [m["event"] for m in server.messages() if m["event"]["feature_id"] == "1601"]
         assert big["geometry"] is None and big["geometry_ref"]["name"] == big["event_id"]
-
-        async def fetch():
-            import nats
-            nc = await nats.connect(server.url)
-            data = (await (await nc.jetstream().object_store("FEATURES_GEOMETRY")).get(big["event_id"])).data
-            await nc.close()
-            return data
-        assert json.loads(asyncio.run(fetch())) == geometry
+        assert json.loads(get_object(server, "FEATURES_GEOMETRY", big["event_id"])) == geometry
     finally:
         use_nats(relay, nats_server)
         server.stop()

@@ -106,8 +106,9 @@ SELECT u.unpublished_rows,
        s.relay_last_active_at,
        s.relay_last_error,
        s.relay_last_error_at,
-       -- Parked rows wait for a person: alert on this age as well as on oldest_unpublished_age.
-       greatest(now() - u.oldest_parked_at, interval '0') AS oldest_parked_age
+       -- Parked rows wait for a person: alert when this is not null (NULL when nothing is parked).
+       CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
+           AS oldest_parked_age
   FROM (SELECT count(*) AS unpublished_rows,
                -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
                min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,

@@ -5,6 +5,13 @@ SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%s,
   FROM generate_series(1, 3) i \g /dev/null
 SELECT unpublished_rows, oldest_unpublished_age >= interval '0' AS age_not_negative,
        oldest_unpublished_at <= now() AS at_not_in_future, last_published_at FROM feature_outbox.backlog;
+-- Nothing parked: no parked age (a zero would read as "parked just now"). One parked row: its age.
+SELECT parked_rows, oldest_parked_age FROM feature_outbox.backlog;
+UPDATE feature_outbox.outbox SET parked_at = now() - interval '5 minutes', row_failures = 10 WHERE feature_id = 3;
+SELECT parked_rows, oldest_parked_age >= interval '5 minutes' AS parked_age_counts,
+       unpublished_rows, oldest_unpublished_age < interval '5 minutes' AS parked_row_not_in_unpublished_age
+  FROM feature_outbox.backlog;
+UPDATE feature_outbox.outbox SET parked_at = NULL, row_failures = 0 WHERE feature_id = 3;
 
 -- 100k published rows of history, then the plan: the partial index, no sequential scan of the outbox.
 INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, published_at, created_at)
