@@ -113,7 +113,9 @@ def test_a_changed_endpoint_ends_the_backoff_at_once_and_errors_clear(cluster_wi
     configure(c, endpoint=nats_server.url)
     wait_for(lambda: one(c, "gis", "SELECT published_at FROM feature_outbox.outbox")["published_at"], 10,
              "delivery after the endpoint changed")
-    assert time.monotonic() - started < 10, "the backoff was waited out"
+    took = time.monotonic() - started
+    print(f"delivered {took:.2f} s after the endpoint changed, inside a backoff of at least 20 s")
+    assert took < 10, "the backoff was waited out"
     # The sink is back: the backlog shows no current error; the worker keeps the last one, dated.
     b = one(c, "gis", "SELECT relay_last_error FROM feature_outbox.backlog")
     w = one(c, "gis", "SELECT last_error, last_error_at FROM feature_outbox.workers")
