@@ -68,9 +68,6 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(1) };
 }
 
-/// Waits, connected to no database (shared catalogs only), until `database` exists, then exits so
-/// that the postmaster starts this worker again after RESTART and it connects there. A worker can
-/// connect once per process. No FATAL per attempt: pg_database is read, not connected to.
 /// Scans pg_database, a shared catalog that a worker connected to no database can read (its
 /// indexes cannot be opened without one, so no get_database_oid). As the autovacuum launcher does.
 fn database_exists(name: &std::ffi::CStr) -> bool {
@@ -96,6 +93,9 @@ fn database_exists(name: &std::ffi::CStr) -> bool {
     }
 }
 
+/// Waits, connected to no database (shared catalogs only), until `database` exists, then exits so
+/// that the postmaster starts this worker again after RESTART and it connects there. A worker can
+/// connect once per process. No FATAL per attempt: pg_database is read, not connected to.
 fn wait_for_database(index: usize, database: &str) {
     BackgroundWorker::connect_worker_to_spi(None, None);
     let Ok(name) = std::ffi::CString::new(database) else { unsafe { pg_sys::proc_exit(1) } };
