@@ -180,6 +180,22 @@ def test_an_event_over_max_payload_carries_its_geometry_in_the_object_store(clus
         assert len(stored) == large["geometry_ref"]["size"]
         # The object is the geometry, at full precision, exactly as an inline event would carry it.
         assert json.loads(stored) == json.loads(big)
+
+        # A republish after the feature changed (a crash between publish and mark leaves the row
+        # unpublished) must not rewrite the object the first publish named: the stream keeps that
+        # event (the copy is a duplicate), so its geometry_ref must still hold geometry_version 1.
+        configure(c, endpoint=f"nats://127.0.0.1:{free_port()}")
+        edit(c, "gis", 1, "moved", circle(-70, -30, 6000))
+        with c.connect("gis") as conn:
+            conn.execute("UPDATE feature_outbox.outbox SET published_at = NULL WHERE feature_id = 1 AND event_type = 'created'")
+        configure(c, endpoint=server.url)
+        wait_for(lambda: one(c, "gis", "SELECT count(*) AS n FROM feature_outbox.outbox WHERE published_at IS NULL")["n"] == 0,
+                 20, "the republish and the move")
+        assert one(c, "gis", "SELECT sum(duplicate_acks) AS n FROM feature_outbox.workers")["n"] == 1
+        assert get_object(server, "FEATURES_GEOMETRY", large["event_id"]) == stored
+        moved = [m["event"] for m in server.messages() if m["event"]["action"] == "moved"]
+        assert len(moved) == 1 and moved[0]["geometry_version"] == 2
+        assert json.loads(get_object(server, "FEATURES_GEOMETRY", moved[0]["event_id"])) == json.loads(circle(-70, -30, 6000))
     finally:
         server.stop()
 
@@ -248,11 +264,24 @@ def test_the_stream_gets_a_max_age_and_an_existing_one_is_left_alone(cluster_wit
     wait_for(lambda: len(nats_server.messages()) == 2, 15, "events after the reconnects")
     assert stream_config(nats_server).max_age in (0, None)
     assert c.log().count("exists with other limits") == 2, "once per distinct difference"
-    # max_age below the duplicate window is refused with a message that names both settings.
+    # max_age below the duplicate window: an existing stream is used as it is...
     configure(c, nats_max_age="60s")
     edit(c, "gis", 4, "created", point(6, 6))
-    wait_for(lambda: "nats_duplicate_window" in (one(c, "gis", "SELECT last_error FROM feature_outbox.workers")["last_error"] or ""),
-             15, "the refusal")
+    wait_for(lambda: len(nats_server.messages()) == 3, 15, "delivery to the existing stream")
+
+    # ...and creating one is refused with a message that names both settings.
+    async def drop():
+        nc = await nats.connect(nats_server.url)
+        await nc.jetstream().delete_stream("FEATURES")
+        await nc.close()
+    asyncio.run(drop())
+    configure(c, nats_max_age="61s")  # reconnect
+    edit(c, "gis", 5, "created", point(7, 7))
+    wait_for(lambda: "must be at least feature_outbox.nats_duplicate_window" in
+             (one(c, "gis", "SELECT last_error FROM feature_outbox.workers")["last_error"] or ""), 15, "the refusal")
+    # A bucket name NATS would refuse is refused when set, not at the first large event.
+    with c.connect() as conn, pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute("ALTER SYSTEM SET feature_outbox.nats_object_bucket = 'a.b'")
 
 
 # 7 ------------------------------------------------------------------------------------------------

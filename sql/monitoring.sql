@@ -52,7 +52,7 @@ AS $$
                   coalesce(extract(epoch FROM b.oldest_unpublished_age), 0)),
                  (3, 'outbox_failing_rows', 'Unpublished rows with failed attempts that are not parked.',
                   b.failing_rows),
-                 (4, 'outbox_parked_rows', 'Rows parked after feature_outbox.max_attempts failures.',
+                 (4, 'outbox_parked_rows', 'Rows parked: after feature_outbox.max_attempts failures, or undeliverable as they are.',
                   b.parked_rows),
                  (5, 'outbox_relay_workers_running', 'Relay background workers running for this database.',
                   b.relay_workers_running),

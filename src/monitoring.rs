@@ -94,10 +94,19 @@ fn _relay_status() -> TableIterator<
     let running = slots.iter().filter(|(_, s)| s.pid != 0 && s.state != WorkerState::WaitingForDatabase).count() as i32;
     let last_active = slots.iter().map(|(_, s)| s.last_active_at).max().unwrap_or(0);
     let current = slots.iter().filter(|(_, s)| s.error_active && s.last_error_at != 0).max_by_key(|(_, s)| s.last_error_at);
-    let (error, error_at) = match (unserved, current) {
-        (Some(why), _) => (Some(why), None),
-        (None, Some((_, s))) => (s.error_text(), timestamp(s.last_error_at)),
-        (None, None) => (None, None),
+    // Workers the postmaster could not start (max_worker_processes) or that are restarting leave no
+    // error of their own: say how many are missing.
+    let missing = (running < slots.len() as i32).then(|| {
+        format!(
+            "{running} of {} relay workers are running; the others are starting, or could not be registered (max_worker_processes = {}; see the server log)",
+            slots.len(),
+            unsafe { pgrx::pg_sys::max_worker_processes }
+        )
+    });
+    let (error, error_at) = match (unserved, current, missing) {
+        (Some(why), _, _) => (Some(why), None),
+        (None, Some((_, s)), _) => (s.error_text(), timestamp(s.last_error_at)),
+        (None, None, missing) => (missing, None),
     };
     let by_type = |t: usize| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>();
     TableIterator::once((

@@ -306,7 +306,6 @@ impl Relay {
         self.sink = None; // reconnect from scratch next time
         self.sink_failures += 1;
         self.record_error(error);
-        update_slot(self.index, |s| s.failed_attempts += 1);
         if !self.sink_down_logged {
             log!("feature_outbox relay {}: sink down, backing off: {error}", self.index);
             self.sink_down_logged = true;
@@ -363,6 +362,8 @@ impl Relay {
     fn batch(&mut self) -> Result<BatchEnd, String> {
         // Connect outside the transaction, so a slow connect never holds row locks.
         if let Err(e) = self.sink() {
+            // No row was tried: count the connect attempt (a failed batch counts its rows instead).
+            update_slot(self.index, |s| s.failed_attempts += 1);
             return Ok(BatchEnd::SinkDown(e, None));
         }
         let limit = settings::BATCH_SIZE.get() as i64;
@@ -637,7 +638,7 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
             )
             .map_err(|e| e.to_string())?;
         if park {
-            let why = if park_now { "at once (it can never be delivered as it is)" } else { "after feature_outbox.max_attempts failures" };
+            let why = if park_now { "at once (no retry can deliver it under the current settings)" } else { "after feature_outbox.max_attempts failures" };
             p.parked.push((row.id, why, error.clone()));
         }
     }

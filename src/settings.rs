@@ -115,7 +115,19 @@ pub fn init() {
     string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
     string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
     string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
-    string(c"feature_outbox.nats_object_bucket", c"JetStream Object Store bucket for geometries of events over the server's max_payload.", &NATS_OBJECT_BUCKET);
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.nats_object_bucket",
+            c"JetStream Object Store bucket for geometries of events over the server's max_payload.",
+            c"Letters, digits, - and _ (the NATS rule for bucket names).",
+            &NATS_OBJECT_BUCKET,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_bucket),
+            None,
+            None,
+        );
+    }
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.http_secret",
@@ -129,6 +141,25 @@ pub fn init() {
             Some(show_secret),
         );
     }
+}
+
+/// A JetStream bucket name, as NATS requires: one or more of A-Z, a-z, 0-9, - and _.
+pub fn valid_bucket(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Refuses a bucket name NATS would refuse, when it is set (22023) rather than at the first large event.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_bucket(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("") } };
+    if valid_bucket(value) {
+        return true;
+    }
+    unsafe {
+        pg_sys::GUC_check_errdetail_string =
+            pg_sys::pstrdup(c"A bucket name is one or more letters, digits, - or _ (no dots, spaces or $).".as_ptr());
+    }
+    false
 }
 
 /// Masks `http_secret` for everyone but superusers, including pg_read_all_settings members.
@@ -185,6 +216,14 @@ pub fn millis(setting: &GucSetting<i32>) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn bucket_names_follow_the_nats_rule() {
+        assert!(super::valid_bucket("FEATURES_GEOMETRY") && super::valid_bucket("geo-2"));
+        for bad in ["", "a.b", "x y", "$O", "a>"] {
+            assert!(!super::valid_bucket(bad), "{bad:?}");
+        }
+    }
+
     #[test]
     fn credentials_are_redacted_from_every_url() {
         assert_eq!(

@@ -32,8 +32,8 @@ pub enum Outcome {
     Delivered { duplicate: bool },
     /// This row failed on its own (a 4xx, a bad subject): retried per row, parked after max_attempts.
     RowFailed(String),
-    /// This row can never be delivered by this sink as it is (over feature_outbox.http_max_body):
-    /// parked at once, since retrying cannot help.
+    /// No retry can deliver this row under the current settings (over feature_outbox.http_max_body):
+    /// parked at once; retry_parked() after the setting changed.
     Undeliverable(String),
     /// The sink is down or overloaded; retry everything later, parking nothing.
     SinkFailed { error: String, retry_after: Option<Duration> },

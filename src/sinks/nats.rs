@@ -69,14 +69,6 @@ impl NatsSink {
         if let Some(ca) = &config.tls_ca_file {
             options = options.add_root_certificates(ca.into());
         }
-        // JetStream refuses a stream whose max_age is below its duplicate window.
-        if !config.max_age.is_zero() && config.max_age < config.duplicate_window {
-            return Err(format!(
-                "feature_outbox.nats_max_age ({} s) must be at least feature_outbox.nats_duplicate_window ({} s), or 0",
-                config.max_age.as_secs(),
-                config.duplicate_window.as_secs()
-            ));
-        }
         // Credential-free, for errors that reach the views and the log.
         let servers = addresses.iter().map(|a| format!("{}:{}", a.host(), a.port())).collect::<Vec<_>>().join(", ");
         let timeout = config.publish_timeout;
@@ -95,12 +87,24 @@ impl NatsSink {
                 .map_err(|e| format!("cannot connect to NATS at {servers}: {e}"))?;
             let mut js = jetstream::new(client.clone());
             js.set_timeout(timeout);
-            let mut stream = js
-                .get_or_create_stream(wanted.clone())
+            // An existing stream is used as it is; the settings only shape a stream the relay creates.
+            if let Ok(mut stream) = js.get_stream(&config.stream).await {
+                let have = &stream.info().await.map_err(|e| format!("cannot read JetStream stream {}: {e}", config.stream))?.config;
+                return Ok::<_, String>((client, js, limits_note(&wanted, have)));
+            }
+            // JetStream refuses a stream whose max_age is below its duplicate window.
+            if !wanted.max_age.is_zero() && wanted.max_age < wanted.duplicate_window {
+                return Err(format!(
+                    "cannot create JetStream stream {}: feature_outbox.nats_max_age ({} s) must be at least feature_outbox.nats_duplicate_window ({} s), or 0",
+                    config.stream,
+                    wanted.max_age.as_secs(),
+                    wanted.duplicate_window.as_secs()
+                ));
+            }
+            js.get_or_create_stream(wanted.clone())
                 .await
                 .map_err(|e| format!("cannot create or find JetStream stream {}: {e}", config.stream))?;
-            let have = &stream.info().await.map_err(|e| format!("cannot read JetStream stream {}: {e}", config.stream))?.config;
-            Ok::<_, String>((client, js, limits_note(&wanted, have)))
+            Ok((client, js, None))
         })?;
         let bucket = object_store::Config {
             bucket: config.object_bucket.clone(),
@@ -159,15 +163,15 @@ impl NatsSink {
 }
 
 impl NatsSink {
-    /// Puts the row's GeoJSON geometry into the object bucket (named by event_id, so a republish
-    /// replaces it) and returns the event that refers to it. Failing to store is sink-level.
+    /// Puts the row's GeoJSON geometry into the object bucket, named by event_id, and returns the
+    /// event that refers to it. Failing to store is sink-level.
+    ///
+    /// The object of an event is written once. A republished event (after a crash between publish
+    /// and mark, or a lost PubAck) reuses the object and its geometry_version, kept in the object's
+    /// metadata, even when the feature changed since: the first publish may already be in the stream
+    /// (JetStream drops the copy as a duplicate), and its geometry_ref must keep naming its geometry.
     fn store_geometry(&mut self, row: &Row, relayed_at: &str, max_payload: usize) -> Result<Vec<u8>, Outcome> {
         let sink_failed = |error: String| Outcome::SinkFailed { error, retry_after: None };
-        let object = match event::geometry_json(row) {
-            Ok(Some(object)) => object,
-            Ok(None) => return Err(Outcome::RowFailed("event exceeds max_payload without a geometry".into())),
-            Err(e) => return Err(Outcome::RowFailed(format!("cannot build the event: {e}"))),
-        };
         let (js, bucket, timeout) = (&self.js, &self.bucket, self.timeout);
         let objects = match &self.objects {
             Some(objects) => objects.clone(),
@@ -186,12 +190,28 @@ impl NatsSink {
                 store
             }
         };
+        let existing = self.runtime.block_on(async { tokio::time::timeout(timeout, objects.info(&row.event_id)).await });
+        let stored_version = |info: &object_store::ObjectInfo| info.metadata.get(VERSION_KEY).and_then(|v| v.parse::<i32>().ok());
+        if let Ok(Ok(info)) = &existing
+            && !info.deleted
+            && let Some(version) = stored_version(info)
+        {
+            let reference = GeometryRef { bucket: self.bucket.bucket.clone(), name: row.event_id.clone(), size: info.size };
+            let as_stored = Row { geometry_version: Some(version), ..row.clone() };
+            return event::to_json_by_ref(&as_stored, relayed_at, &reference).map_err(Outcome::RowFailed);
+        }
+        let object = match event::geometry_json(row) {
+            Ok(Some(object)) => object,
+            Ok(None) => return Err(Outcome::RowFailed("event exceeds max_payload without a geometry".into())),
+            Err(e) => return Err(Outcome::RowFailed(format!("cannot build the event: {e}"))),
+        };
         // Chunks are acknowledged one by one; allow one publish_timeout per MiB, at least one.
         let budget = timeout * (1 + (object.len() >> 20) as u32);
         // Each chunk is one message: keep it under max_payload (the library's default is 128 KiB).
         let meta = object_store::ObjectMetadata {
             name: row.event_id.clone(),
             chunk_size: Some(max_payload.saturating_sub(HEADER_ROOM).clamp(256, 128 * 1024)),
+            metadata: [(VERSION_KEY.to_string(), row.geometry_version.unwrap_or_default().to_string())].into(),
             ..Default::default()
         };
         let put = self.runtime.block_on(async { tokio::time::timeout(budget, objects.put(meta, &mut object.as_slice())).await });
@@ -204,6 +224,9 @@ impl NatsSink {
         event::to_json_by_ref(row, relayed_at, &reference).map_err(Outcome::RowFailed)
     }
 }
+
+/// Object metadata key holding the geometry_version of the geometry an object holds.
+const VERSION_KEY: &str = "geometry_version";
 
 /// Room for the headers next to an event's body in one message.
 const HEADER_ROOM: usize = 256;

@@ -282,7 +282,13 @@ async fn main() -> Result<(), async_nats::Error> {
         if let Some(r) = serde_json::from_slice::<ByRef>(&message.payload).ok().and_then(|e| e.geometry_ref) {
             match fetch_geometry(&js, &r).await {
                 Ok(geometry) if geometry.len() == r.size => state.geometry_refs_fetched += 1,
-                Ok(geometry) => eprintln!("consumer: object {} holds {} bytes, not {}", r.name, geometry.len(), r.size),
+                Ok(geometry) => {
+                    // Not the geometry the event names: a relay bug. Do not apply it; stop redelivery.
+                    eprintln!("consumer: object {} holds {} bytes, not {}", r.name, geometry.len(), r.size);
+                    state.malformed += 1;
+                    let _ = message.ack_with(AckKind::Term).await;
+                    continue;
+                }
                 Err(e) => {
                     eprintln!("consumer: cannot fetch geometry {}/{}: {e}", r.bucket, r.name);
                     let _ = message.ack_with(AckKind::Nak(None)).await;
