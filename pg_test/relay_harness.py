@@ -31,13 +31,17 @@ def wait_for(predicate, timeout=20.0, what="condition", interval=0.05):
 class NatsServer:
     """nats-server -js; `args` adds options (auth, TLS, a config file), `client` options for reading."""
 
-    def __init__(self, directory: Path, *args: str, scheme: str = "nats", userinfo: str = "", **client):
+    def __init__(self, directory: Path, *args: str, scheme: str = "nats", userinfo: str = "",
+                 max_payload: int | None = None, **client):
         self.dir = directory
         self.port = free_port()
         self.proc = None
-        self.args, self.scheme, self.userinfo, self.client = args, scheme, userinfo, client
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
+        if max_payload is not None:  # only a config file can set it
+            (self.dir / "nats.conf").write_text(f"max_payload: {max_payload}\n")
+            args = (*args, "-c", str(self.dir / "nats.conf"))
+        self.args, self.scheme, self.userinfo, self.client = args, scheme, userinfo, client
 
     @property
     def url(self) -> str:

@@ -156,10 +156,8 @@ def test_the_quick_start_runs_as_written(cluster_with, nats_server):
 
 # 4 ------------------------------------------------------------------------------------------------
 
-def test_an_event_over_max_payload_carries_its_geometry_in_the_object_store(cluster_with, tmp_path):
-    config = tmp_path / "nats.conf"
-    config.write_text("max_payload: 65536\n")
-    server = NatsServer(RUN_DIR / "nats-small-payload", "-c", str(config))
+def test_an_event_over_max_payload_carries_its_geometry_in_the_object_store(cluster_with):
+    server = NatsServer(RUN_DIR / "nats-small-payload", max_payload=65536)
     server.start()
     try:
         c = cluster_with("feature_outbox.database = 'gis'", *FAST_RETRY, f"feature_outbox.endpoint = '{server.url}'")

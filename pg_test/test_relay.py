@@ -312,9 +312,7 @@ def test_nats_tls_with_private_ca_and_no_insecure_fallback(relay, nats_server):
 
 
 def test_event_over_a_tiny_nats_max_payload_goes_by_reference_in_many_chunks(relay, nats_server):
-    conf = RUN_DIR / "nats-small.conf"
-    conf.write_text("max_payload: 1024\n")
-    server = NatsServer(RUN_DIR / "nats-small", "-c", str(conf))
+    server = NatsServer(RUN_DIR / "nats-small", max_payload=1024)
     server.start()
     try:
         pause_relay(relay)
