@@ -16,7 +16,9 @@ SELECT u.unpublished_rows,
        s.relay_last_error_at,
        -- Parked rows wait for a person: alert when this is not null (NULL when nothing is parked).
        CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
-           AS oldest_parked_age
+           AS oldest_parked_age,
+       h.pid AS vacuum_held_by_pid,
+       h.held_for AS vacuum_held_for
   FROM (SELECT count(*) AS unpublished_rows,
                -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
                min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
@@ -24,8 +26,20 @@ SELECT u.unpublished_rows,
                count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
                min(o.parked_at) AS oldest_parked_at
           FROM outbox o
-         WHERE o.published_at IS NULL) u,
-       _relay_status() s;
+         WHERE o.published_at IS NULL) u
+ CROSS JOIN _relay_status() s
+  -- The session whose snapshot or transaction holds back VACUUM here the longest: row versions
+  -- newer than its horizon stay, dead, and the relay's index scans walk them (README, "Monitoring").
+  -- A walsender carries a standby's hot_standby_feedback. Reading other sessions needs pg_read_all_stats
+  -- (pg_monitor has it); otherwise only one's own sessions show.
+  LEFT JOIN LATERAL (
+       SELECT a.pid, greatest(now() - coalesce(a.xact_start, a.backend_start), interval '0') AS held_for
+         FROM pg_stat_activity a
+        WHERE a.pid <> pg_backend_pid()
+          AND greatest(age(a.backend_xmin), age(a.backend_xid)) IS NOT NULL
+          AND (a.datname = current_database() OR a.backend_type = 'walsender')
+        ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC
+        LIMIT 1) h ON true;
 COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, failing and parked rows, relay health.';
 
 CREATE VIEW workers AS
@@ -57,7 +71,9 @@ AS $$
                  (5, 'outbox_relay_workers_running', 'Relay background workers running for this database.',
                   b.relay_workers_running),
                  (6, 'outbox_oldest_parked_age_seconds', 'Age of the oldest parked outbox row; 0 when none.',
-                  coalesce(extract(epoch FROM b.oldest_parked_age), 0))) AS g(ord, name, help, value))
+                  coalesce(extract(epoch FROM b.oldest_parked_age), 0)),
+                 (7, 'outbox_vacuum_held_for_seconds', 'Age of the transaction that holds back VACUUM of the outbox the longest.',
+                  coalesce(extract(epoch FROM b.vacuum_held_for), 0))) AS g(ord, name, help, value))
     ) || E'\n'
       FROM backlog b, _relay_status() s
 $$;
