@@ -404,15 +404,17 @@ impl Relay {
             if p.claimed > 0 {
                 s.last_active_at = at;
             }
+            // A batch without errors: the sink works, so the backlog shows no current error.
+            // (A sink error is recorded by the caller; a row error just below, which sets it again.)
+            if p.sink_error.is_none() {
+                s.error_active = false;
+            }
         });
         if let Some(e) = &p.row_error {
             self.record_error(e);
         }
         for (id, why, error) in &p.parked {
             log!("feature_outbox relay {}: outbox row {id} parked {why}: {error}", self.index);
-        }
-        if p.sink_error.is_none() && p.row_error.is_none() {
-            update_slot(self.index, |s| s.error_active = false);
         }
         if p.sink_error.is_none() && p.claimed > 0 {
             if self.sink_down_logged {

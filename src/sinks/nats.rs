@@ -122,10 +122,15 @@ impl NatsSink {
         let max_payload = self.client.server_info().max_payload;
         // An event over max_payload carries its geometry by reference: the geometry goes into the
         // object bucket first, and the event follows only once the object is stored.
+        // Once the bucket failed, later oversized rows are not tried: each store could wait out its
+        // own timeouts, and the batch backs off anyway.
         let mut by_ref: Vec<Option<Result<Vec<u8>, Outcome>>> = vec![None; rows.len()];
+        let mut bucket_failed = false;
         for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
             if too_large(body.len(), max_payload) {
-                by_ref[i] = Some(self.store_geometry(row, relayed_at, max_payload));
+                let stored = if bucket_failed { Err(Outcome::NotTried) } else { self.store_geometry(row, relayed_at, max_payload) };
+                bucket_failed |= matches!(stored, Err(Outcome::SinkFailed { .. }));
+                by_ref[i] = Some(stored);
             }
         }
         let (js, prefix, timeout) = (&self.js, &self.prefix, self.timeout);
