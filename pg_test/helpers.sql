@@ -18,8 +18,15 @@ $$;
 
 -- A fingerprint of everything edit_feature writes: row counts and the sum of versions.
 CREATE FUNCTION written() RETURNS text LANGUAGE sql AS $$
-    SELECT format('features=%s versions=%s outbox=%s',
+    SELECT format('features=%s versions=%s outbox=%s state=%s',
                   (SELECT count(*) FROM feature_outbox.features),
                   (SELECT coalesce(sum(version), 0) FROM feature_outbox.features),
-                  (SELECT count(*) FROM feature_outbox.outbox))
+                  (SELECT count(*) FROM feature_outbox.outbox),
+                  (SELECT count(*) FROM feature_outbox.feature_state))
+$$;
+
+-- The H3 cell of an EPSG:4326 point at the current feature_outbox.h3_resolution, straight from h3o:
+-- what a routing key must equal when the routing point is known.
+CREATE FUNCTION cell_of(p geometry) RETURNS text LANGUAGE sql AS $$
+    SELECT feature_outbox._h3_cell(ST_X(p), ST_Y(p), current_setting('feature_outbox.h3_resolution')::integer)
 $$;

@@ -19,16 +19,126 @@ STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_relay_preloaded_wrapper';
 
--- created on a retired id says that ids are not reused, instead of "send a moved event".
-CREATE OR REPLACE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text) RETURNS integer
+-- The edit path, rebuilt (one pass through the geometry; per-feature state; poles; area of use) ----
+
+-- Each feature's current state, kept by the edit path so that the next edit reads its previous
+-- routing key instead of recomputing it. Keyed by layer ('features' is the built-in table), so the
+-- user's own tables, which cannot take extra columns, use it unchanged.
+CREATE TABLE feature_state (
+    layer          text     NOT NULL,
+    feature_id     bigint   NOT NULL,
+    routing_key    text     NOT NULL,  -- H3 cell of the current geometry's routing point
+    h3_resolution  smallint NOT NULL,  -- the resolution routing_key was computed at
+    -- Bounding box of the current geometry in EPSG:4326 degrees, as RFC 7946 §5.2: west > east
+    -- for a feature across the antimeridian.
+    west           float8   NOT NULL,
+    south          float8   NOT NULL,
+    east           float8   NOT NULL,
+    north          float8   NOT NULL,
+    PRIMARY KEY (layer, feature_id)
+);
+COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: current routing key, its H3 resolution, bounding box.';
+SELECT pg_catalog.pg_extension_config_dump('feature_state', '');
+REVOKE ALL ON TABLE feature_state FROM PUBLIC;
+
+-- The one pass, the polar cap and the H3 cell replace the 0.1.0 helpers. Their symbols stay in the
+-- library for 0.1.0's script.
+CREATE  FUNCTION "_inspect_geometry"(
+	"wkb" bytea, /* & [u8] */
+	"lonlat" bool, /* bool */
+	"source_srid" INT, /* i32 */
+	"crs" TEXT /* Option < & str > */
+) RETURNS double precision[] /* Vec < f64 > */
+STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_inspect_geometry_wrapper';
+CREATE  FUNCTION "_close_polar_caps"(
+	"wkb" bytea /* & [u8] */
+) RETURNS bytea /* Vec < u8 > */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_close_polar_caps_wrapper';
+CREATE  FUNCTION "_h3_cell"(
+	"lon" double precision, /* f64 */
+	"lat" double precision, /* f64 */
+	"resolution" INT /* i32 */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_h3_cell_wrapper';
+
+DROP FUNCTION _edit(bigint, geometry, text);
+DROP FUNCTION _prepare_geometry(geometry);
+
+CREATE OR REPLACE FUNCTION _routing_point(g geometry) RETURNS geometry
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    shape geometry := CASE WHEN (ST_IsValidDetail(g)).valid THEN g ELSE ST_MakeValid(g) END;
+    p geometry;
+BEGIN
+    IF (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[1] = 0 THEN
+        RETURN ST_PointOnSurface(shape);
+    END IF;
+    p := ST_PointOnSurface(ST_ShiftLongitude(shape));
+    RETURN CASE WHEN ST_X(p) > 180 THEN ST_Translate(p, -360, 0) ELSE p END;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION routing_key(g geometry) RETURNS text
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    p geometry := _routing_point(g);
+BEGIN
+    RETURN _h3_cell(ST_X(p), ST_Y(p), current_setting('feature_outbox.h3_resolution')::integer);
+END
+$$;
+COMMENT ON FUNCTION routing_key(geometry) IS
+    'H3 cell (lowercase hex) of the routing point of an EPSG:4326 geometry, at feature_outbox.h3_resolution: '
+    'ST_PointOnSurface of its shape in 4326 (of a made-valid copy when invalid; across the antimeridian, of the '
+    'longitude-shifted shape). edit_feature routes every edit this way, except a polygon that encloses a pole in '
+    'its source CRS, which it routes on its point on surface in that CRS.';
+
+CREATE FUNCTION _check_types(g geometry) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    curved text;
+    unsupported text;
+BEGIN
+    SELECT string_agg(DISTINCT t.kind, ', ') FILTER (WHERE t.kind IN ('CIRCULARSTRING', 'COMPOUNDCURVE',
+                          'CURVEPOLYGON', 'MULTICURVE', 'MULTISURFACE')),
+           string_agg(DISTINCT t.kind, ', ') FILTER (WHERE t.kind IN ('TRIANGLE', 'TIN', 'POLYHEDRALSURFACE'))
+      INTO curved, unsupported
+      FROM _member_types(g) t;
+    IF curved IS NOT NULL OR ST_HasArc(g) THEN
+        RAISE EXCEPTION 'curved geometry type % is not supported', coalesce(curved, GeometryType(g)) USING ERRCODE = '22023',
+            HINT = 'Linearize it first with ST_CurveToLine(geom).';
+    ELSIF unsupported IS NOT NULL THEN
+        RAISE EXCEPTION 'geometry type % is not supported', unsupported USING ERRCODE = '22023',
+            HINT = 'Use Point, LineString, Polygon, their Multi forms or a GeometryCollection of them.';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    g geometry;
-    old_geom geometry;
+    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
+    v_srid integer;
+    crs text;             -- auth_name:auth_srid of a source SRID other than 4326
+    g geometry;           -- the geometry to store, in EPSG:4326
+    facts float8[];       -- _inspect_geometry: {crosses antimeridian, pole, west, south, east, north}
+    shape geometry;       -- what the routing point is taken from
+    back geometry;
+    tolerance float8;
+    p geometry;
+    new_key text;
+    previous_key text;
     old_retired timestamptz;
     new_version integer;
-    previous_key text;
 BEGIN
     IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
@@ -37,22 +147,108 @@ BEGIN
     IF p_feature_id IS NULL THEN
         RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
     END IF;
+
     IF p_geom IS NULL THEN
         IF p_event_type <> 'retired' THEN
             RAISE EXCEPTION 'geometry must not be NULL for a % event', p_event_type USING ERRCODE = '22004',
                 HINT = 'Only a retired event may omit the geometry; it then keeps the last one.';
         END IF;
-    ELSIF ST_IsEmpty(p_geom) THEN
-        RAISE EXCEPTION 'geometry is empty' USING ERRCODE = '22023',
-            HINT = 'A feature needs a non-empty geometry. To remove a feature, send a retired event.';
     ELSE
-        g := _prepare_geometry(p_geom);
+        IF ST_IsEmpty(p_geom) THEN
+            RAISE EXCEPTION 'geometry is empty' USING ERRCODE = '22023',
+                HINT = 'A feature needs a non-empty geometry. To remove a feature, send a retired event.';
+        END IF;
+        v_srid := ST_SRID(p_geom);
+        IF v_srid = 0 THEN
+            RAISE EXCEPTION 'geometry has SRID 0 (unknown coordinate system)' USING ERRCODE = '22023',
+                HINT = 'Give it one, e.g. ST_SetSRID(geom, 4326) for longitude/latitude in degrees.';
+        ELSIF v_srid <> 4326 THEN
+            SELECT s.auth_name || ':' || s.auth_srid INTO crs FROM spatial_ref_sys s WHERE s.srid = v_srid;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'unknown SRID %', v_srid USING ERRCODE = '22023',
+                    HINT = 'Use an EPSG code listed in spatial_ref_sys, or transform to 4326 first.';
+            END IF;
+        END IF;
+        IF GeometryType(p_geom) NOT IN ('POINT', 'LINESTRING', 'POLYGON', 'MULTIPOINT', 'MULTILINESTRING', 'MULTIPOLYGON') THEN
+            PERFORM _check_types(p_geom);
+        END IF;
+
+        IF v_srid = 4326 THEN
+            g := p_geom;
+            facts := _inspect_geometry(coalesce(p_wkb, ST_AsBinary(g)), true, 4326, NULL);
+        ELSE
+            PERFORM _inspect_geometry(coalesce(p_wkb, ST_AsBinary(p_geom)), false, v_srid, NULL);
+            BEGIN
+                g := ST_Transform(p_geom, 4326);
+            EXCEPTION WHEN internal_error THEN
+                RAISE EXCEPTION 'cannot transform geometry from SRID % to 4326', v_srid USING ERRCODE = '22023',
+                    DETAIL = SQLERRM, HINT = 'Check the SRID''s definition in spatial_ref_sys and that the coordinates lie inside its area of use.';
+            END;
+            -- Range, and the CRS's area of use as PROJ records it.
+            facts := _inspect_geometry(ST_AsBinary(g), true, v_srid, crs);
+            -- Second check: PROJ wraps coordinates far outside a projection's domain instead of failing
+            -- (EPSG:3857 x = 4e7 m becomes longitude 0). Transforming back exposes it.
+            back := ST_Transform(ST_SetSRID(g, 4326), v_srid);
+            tolerance := 1e-6 * greatest(1, abs(ST_XMin(p_geom)), abs(ST_XMax(p_geom)), abs(ST_YMin(p_geom)), abs(ST_YMax(p_geom)));
+            IF greatest(abs(ST_XMin(back) - ST_XMin(p_geom)), abs(ST_XMax(back) - ST_XMax(p_geom)),
+                        abs(ST_YMin(back) - ST_YMin(p_geom)), abs(ST_YMax(back) - ST_YMax(p_geom))) > tolerance THEN
+                RAISE EXCEPTION 'coordinates are outside the area where SRID % can be transformed to 4326', v_srid
+                    USING ERRCODE = '22023', DETAIL = format('%s transforms to %s and back to %s.',
+                          ST_AsText(ST_Envelope(p_geom)), ST_AsText(ST_Envelope(g)), ST_AsText(ST_Envelope(back))),
+                    HINT = 'Check the coordinates and their SRID; are x and y swapped, or the units wrong?';
+            END IF;
+            IF facts[2] <> 0 THEN
+                -- A ring winds round a pole: in its source CRS the polygon encloses it. Rebuild it as a
+                -- polar cap from a copy densified in that CRS, and route it on its source point on surface.
+                g := ST_GeomFromEWKB(_close_polar_caps(ST_AsBinary(ST_Transform(ST_Segmentize(p_geom,
+                         greatest(ST_XMax(p_geom) - ST_XMin(p_geom), ST_YMax(p_geom) - ST_YMin(p_geom)) / 256), 4326))));
+                IF NOT (ST_IsValidDetail(g)).valid
+                   OR NOT ST_Covers(g, ST_SetSRID(ST_MakePoint(0, 90 * facts[2]), 4326)) THEN
+                    RAISE EXCEPTION 'a polygon around the % Pole in SRID % cannot be stored as a valid EPSG:4326 polygon',
+                        CASE WHEN facts[2] < 0 THEN 'South' ELSE 'North' END, v_srid USING ERRCODE = '22023',
+                        DETAIL = format('Rebuilt as a polar cap it is %s.', CASE WHEN (ST_IsValidDetail(g)).valid
+                                 THEN 'valid but does not cover the pole' ELSE 'not valid: ' || ST_IsValidReason(g) END),
+                        HINT = 'Split it into parts that do not enclose the pole, or transform it to EPSG:4326 yourself.';
+                END IF;
+                facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);
+                p := ST_Transform(ST_PointOnSurface(p_geom), 4326);
+            END IF;
+        END IF;
+
+        IF p IS NULL THEN
+            -- The one GEOS validity test of the normal path (ST_IsValid would also send a NOTICE).
+            IF (ST_IsValidDetail(g)).valid THEN
+                shape := g;
+            ELSE
+                CASE current_setting('feature_outbox.invalid_geometry')
+                WHEN 'reject' THEN
+                    RAISE EXCEPTION 'geometry is not valid: %', (ST_IsValidDetail(g)).reason USING ERRCODE = '22023',
+                        DETAIL = format('ST_IsValidReason: %s', ST_IsValidReason(g)),
+                        HINT = 'Repair it with ST_MakeValid(geom), or set feature_outbox.invalid_geometry = repair.';
+                WHEN 'repair' THEN
+                    g := ST_MakeValid(g);
+                    shape := g;
+                    facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);  -- the stored shape's box
+                ELSE
+                    -- accept: store as given; route on a made-valid copy, crossing as that copy has it
+                    shape := ST_MakeValid(g);
+                    facts[1] := (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[1];
+                END CASE;
+            END IF;
+            p := ST_PointOnSurface(CASE WHEN facts[1] = 1 THEN ST_ShiftLongitude(shape) ELSE shape END);
+        END IF;
+        new_key := _h3_cell(ST_X(p), ST_Y(p), v_res);
     END IF;
 
     IF p_event_type = 'created' THEN
-        INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
-        ON CONFLICT (id) DO NOTHING
-        RETURNING f.version INTO new_version;
+        WITH f AS (
+            INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
+            ON CONFLICT (id) DO NOTHING
+            RETURNING f.version
+        )
+        INSERT INTO outbox (feature_id, feature_version, event_type, routing_key)
+        SELECT p_feature_id, f.version, 'created', new_key FROM f
+        RETURNING feature_version INTO new_version;
         IF new_version IS NULL THEN
             SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
             IF old_retired IS NOT NULL THEN
@@ -64,8 +260,7 @@ BEGIN
                 HINT = 'Send a moved event to change it.';
         END IF;
     ELSE
-        SELECT f.geom, f.retired_at INTO old_geom, old_retired
-          FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+        SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
                 HINT = 'Send a created event first.';
@@ -75,23 +270,69 @@ BEGIN
                 DETAIL = format('It was retired at %s.', old_retired),
                 HINT = 'A retired feature takes no further edits; create a new feature id.';
         END IF;
-        previous_key := routing_key(old_geom);
-        UPDATE features f
-           SET geom = coalesce(g, f.geom),
-               version = f.version + 1,
-               updated_at = now(),
-               retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
-         WHERE f.id = p_feature_id
-        RETURNING f.version INTO new_version;
-        g := coalesce(g, old_geom);
+        -- Read after the row lock, so a concurrent edit of this feature has committed its state.
+        -- Recomputed from the stored geometry only when the resolution changed since, or the feature
+        -- was written before 0.2.0 and has no state yet.
+        SELECT s.routing_key INTO previous_key FROM feature_state s
+         WHERE s.layer = 'features' AND s.feature_id = p_feature_id AND s.h3_resolution = v_res;
+        IF previous_key IS NULL THEN
+            SELECT routing_key(f.geom) INTO previous_key FROM features f WHERE f.id = p_feature_id;
+        END IF;
+        WITH f AS (
+            UPDATE features f
+               SET geom = coalesce(g, f.geom),
+                   version = f.version + 1,
+                   updated_at = now(),
+                   retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
+             WHERE f.id = p_feature_id
+            RETURNING f.version
+        )
+        INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
+        SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, previous_key), previous_key FROM f
+        RETURNING feature_version INTO new_version;
     END IF;
 
-    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
-    VALUES (p_feature_id, new_version, p_event_type, routing_key(g), previous_key);
+    -- A retired event without a geometry keeps the last one, and its state.
+    IF g IS NOT NULL THEN
+        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, west, south, east, north)
+        VALUES ('features', p_feature_id, new_key, v_res, facts[3], facts[4], facts[5], facts[6])
+        ON CONFLICT (layer, feature_id) DO UPDATE
+           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
+               west = EXCLUDED.west, south = EXCLUDED.south, east = EXCLUDED.east, north = EXCLUDED.north;
+    END IF;
     PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
     RETURN new_version;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry text, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    wkb bytea := _geojson_to_ewkb($2);
+BEGIN
+    RETURN _edit($1, ST_GeomFromEWKB(wkb), $3, wkb);
+END
+$$;
+COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
+    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: GeoJSON geometry '
+    '(RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | retired. Returns the new version.';
+
+CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+BEGIN
+    RETURN _edit($1, $2, $3, NULL);
+END
+$$;
+COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
+    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: any known SRID, '
+    'transformed to 4326; event_type: created | moved | retired. Returns the new version.';
+REVOKE ALL ON FUNCTION _edit(bigint, geometry, text, bytea) FROM PUBLIC;
+
+DROP FUNCTION _check_coordinates(bytea, boolean);
+DROP FUNCTION _crosses_antimeridian(bytea);
+DROP FUNCTION _routing_cell(bytea);
 
 -- backlog gains oldest_parked_age and the session holding back VACUUM (at the end, as CREATE OR REPLACE
 -- VIEW requires); metrics() their gauges.

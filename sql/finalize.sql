@@ -5,9 +5,9 @@
 -- (guide, gotcha 5).
 REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _edit(bigint, geometry, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit(bigint, geometry, text, bytea) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
-REVOKE ALL ON TABLE features, outbox FROM PUBLIC;
+REVOKE ALL ON TABLE features, outbox, feature_state FROM PUBLIC;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
 
 -- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema

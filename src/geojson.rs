@@ -39,7 +39,7 @@ pub fn to_ewkb(text: &str) -> Result<Vec<u8>, InputError> {
 }
 
 /// ISO WKB to EWKB: set the SRID flag on the top-level type and insert the SRID after it.
-fn with_srid(wkb: Vec<u8>, srid: i32) -> Vec<u8> {
+pub fn with_srid(wkb: Vec<u8>, srid: i32) -> Vec<u8> {
     debug_assert_eq!(wkb[0], 1, "writer uses little-endian");
     let ty = u32::from_le_bytes([wkb[1], wkb[2], wkb[3], wkb[4]]) | 0x2000_0000;
     let mut out = Vec::with_capacity(wkb.len() + 4);
@@ -194,7 +194,7 @@ fn polygon(v: &Value) -> Result<Polygon, InputError> {
 /// WKB (2-D, EPSG:4326) to a GeoJSON geometry object. Errors name what cannot be encoded: curves,
 /// triangles and other types GeoJSON lacks, empty points, non-finite ordinates, malformed WKB.
 pub fn from_wkb(wkb: &[u8]) -> Result<Value, InputError> {
-    crate::geometry::guarded(|| {
+    crate::edit::inspect::guarded(|| {
         let g = wkb::reader::read_wkb(wkb)
             .map_err(|e| InputError::new(Code::InvalidParameter, format!("geometry cannot be encoded as GeoJSON: {e}")))?;
         write(&g)
@@ -339,6 +339,6 @@ mod tests {
         let text = r#"{"type":"MultiPolygon","coordinates":[[[[0,0],[4,0],[4,4],[0,4],[0,0]],[[1,1],[1,2],[2,2],[1,1]]],[[[10,10],[11,10],[11,11],[10,10]]]]}"#;
         let ewkb = to_ewkb(text).unwrap();
         assert!(wkb::reader::read_wkb(&ewkb).is_ok());
-        assert_eq!(crate::geometry::check(&ewkb, true), Ok(()));
+        assert_eq!(crate::edit::inspect::check(&ewkb, true), Ok(()));
     }
 }

@@ -10,7 +10,6 @@ mod backoff;
 mod edit;
 mod event;
 mod geojson;
-mod geometry;
 mod input_error;
 mod monitoring;
 mod relay;
@@ -31,9 +30,9 @@ extension_sql_file!(
     requires = [
         "schema",
         edit::_geojson_to_ewkb,
-        edit::_check_coordinates,
-        edit::_crosses_antimeridian,
-        edit::_routing_cell,
+        edit::_inspect_geometry,
+        edit::_close_polar_caps,
+        edit::_h3_cell,
         relay_state::_wake_relay_at_commit
     ]
 );

@@ -16,11 +16,9 @@ use crate::input_error::{Code, InputError};
 /// Errors (class 22): the WKB is not a non-empty point, an ordinate is not finite or out of range,
 /// or the resolution is outside 0–15.
 pub fn cell_for_point_wkb(point_wkb: &[u8], resolution: u8) -> Result<String, InputError> {
-    let res = Resolution::try_from(resolution).map_err(|_| {
-        InputError::new(Code::OutOfRange, format!("H3 resolution {resolution} is outside 0–15"))
-    })?;
+    let res = resolution_of(i32::from(resolution))?;
     // Guarded like every other WKB walk: the lazy reader panics on a truncated buffer.
-    let (lon, lat) = crate::geometry::guarded(|| {
+    let (lon, lat) = crate::edit::inspect::guarded(|| {
         let geom = wkb::reader::read_wkb(point_wkb)
             .map_err(|e| InputError::new(Code::InvalidText, format!("routing point is not valid WKB: {e}")))?;
         match geom.as_type() {
@@ -30,6 +28,13 @@ pub fn cell_for_point_wkb(point_wkb: &[u8], resolution: u8) -> Result<String, In
         .ok_or_else(|| InputError::new(Code::InvalidParameter, "routing point must be a non-empty point"))
     })?;
     cell_for_lonlat(lon, lat, res)
+}
+
+/// An H3 resolution, 0–15; 22003 otherwise.
+pub fn resolution_of(resolution: i32) -> Result<Resolution, InputError> {
+    u8::try_from(resolution).ok().and_then(|r| Resolution::try_from(r).ok()).ok_or_else(|| {
+        InputError::new(Code::OutOfRange, format!("H3 resolution {resolution} is outside 0–15"))
+    })
 }
 
 /// H3 cell of a longitude/latitude pair in degrees.

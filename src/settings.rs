@@ -19,6 +19,7 @@ pub enum InvalidGeometry {
 }
 
 pub static H3_RESOLUTION: GucSetting<i32> = GucSetting::<i32>::new(8);
+pub static AREA_OF_USE_MARGIN: GucSetting<f64> = GucSetting::<f64>::new(1.0);
 pub static INVALID_GEOMETRY: GucSetting<InvalidGeometry> = GucSetting::<InvalidGeometry>::new(InvalidGeometry::Accept);
 
 pub static RELAY_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
@@ -58,6 +59,17 @@ pub fn init() {
         c"What edit_feature does with an invalid polygon: accept, repair (ST_MakeValid) or reject.",
         c"The routing point is taken from a made-valid copy under every policy.",
         &INVALID_GEOMETRY,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+
+    GucRegistry::define_float_guc(
+        c"feature_outbox.area_of_use_margin",
+        c"Degrees by which a geometry given in a projected SRID may lie outside that CRS's area of use.",
+        c"The area of use is PROJ's (the EPSG extent). Real data often sits a little outside a UTM zone.",
+        &AREA_OF_USE_MARGIN,
+        0.0,
+        360.0,
         GucContext::Suset,
         GucFlags::default(),
     );

@@ -20,7 +20,7 @@ SELECT version, ST_AsText(geom) AS geom, retired_at IS NOT NULL AS retired, upda
   FROM feature_outbox.features WHERE id = 4471;
 
 -- The routing key is the H3 cell of ST_PointOnSurface, in the database.
-SELECT routing_key = feature_outbox._routing_cell(ST_AsBinary(ST_PointOnSurface(ST_GeomFromGeoJSON(:'sq2')))) AS moved_key_matches
+SELECT routing_key = cell_of(ST_PointOnSurface(ST_GeomFromGeoJSON(:'sq2'))) AS moved_key_matches
   FROM feature_outbox.outbox WHERE feature_id = 4471 AND feature_version = 2;
 
 -- Lifecycle errors, each writing nothing.

@@ -5,7 +5,7 @@
 SELECT feature_outbox.edit_feature(1, :'crescent', 'created');
 SELECT ST_Contains(f.geom, ST_Centroid(f.geom)) AS centroid_inside,
        ST_Contains(f.geom, feature_outbox._routing_point(f.geom)) AS routing_point_inside,
-       o.routing_key = feature_outbox._routing_cell(ST_AsBinary(ST_PointOnSurface(f.geom))) AS key_is_point_on_surface
+       o.routing_key = cell_of(ST_PointOnSurface(f.geom)) AS key_is_point_on_surface
   FROM feature_outbox.features f JOIN feature_outbox.outbox o ON o.feature_id = f.id WHERE f.id = 1;
 
 -- A polygon drawn across the antimeridian (an edge spans more than 180 degrees of longitude).
@@ -15,7 +15,7 @@ SELECT round(ST_X(p)::numeric, 6) AS x, round(ST_Y(p)::numeric, 6) AS y,
        ST_X(p) BETWEEN -180 AND 180 AS wrapped,
        (ST_X(p) >= 178 OR ST_X(p) <= -179) AS inside_real_footprint
   FROM (SELECT feature_outbox._routing_point(geom) AS p FROM feature_outbox.features WHERE id = 2) s;
-SELECT routing_key = feature_outbox._routing_cell(ST_AsBinary(ST_SetSRID(ST_MakePoint(179.5, 51.5), 4326))) AS key_at_the_antimeridian
+SELECT routing_key = cell_of(ST_SetSRID(ST_MakePoint(179.5, 51.5), 4326)) AS key_at_the_antimeridian
   FROM feature_outbox.outbox WHERE feature_id = 2;
 -- Parts on both sides with no edge across (like Aleutians West): no shift, point inside a part.
 SELECT ST_Intersects(g, feature_outbox._routing_point(g)) AS inside

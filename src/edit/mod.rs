@@ -1,0 +1,109 @@
+//! The Rust half of `edit_feature` (the SQL half is `sql/edit.sql`): GeoJSON parsing, the one pass
+//! over the geometry (`inspect`), polar caps and the H3 cell. Each maps `InputError` to
+//! `ereport(ERROR)` with its class-22 SQLSTATE.
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+
+use crate::input_error::{Code, InputError};
+use crate::{geojson, routing, settings};
+
+mod area_of_use;
+pub mod inspect;
+mod polar;
+
+
+fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => {
+            let code = match e.code {
+                Code::InvalidText => PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION,
+                Code::InvalidParameter => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                Code::OutOfRange => PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            };
+            let mut report = ErrorReport::new(code, e.message, funcname);
+            if let Some(hint) = e.hint {
+                report = report.set_hint(hint);
+            }
+            report.report(PgLogLevel::ERROR);
+            unreachable!("ERROR does not return")
+        }
+    }
+}
+
+/// GeoJSON geometry text (RFC 7946) to EWKB with its SRID (4326 unless a `crs` member says otherwise).
+/// Raises 22P02 for malformed GeoJSON and 22023 for altitudes, empty geometries or unknown CRS names.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn _geojson_to_ewkb(geojson: &str) -> Vec<u8> {
+    ok_or_report(geojson::to_ewkb(geojson), "edit_feature")
+}
+
+/// The one pass over an edit's geometry (see `inspect::inspect`).
+///
+/// `wkb`: ISO WKB or EWKB. `lonlat`: the coordinates are EPSG:4326 degrees, so check their range and
+/// report the bounding box. `source_srid`: the SRID the edit was given in; when it is not 4326, rings
+/// around a pole are reported. `crs`: that SRID's `auth_name:auth_srid` from spatial_ref_sys, whose
+/// area of use (PROJ's database, widened by `feature_outbox.area_of_use_margin` degrees) every
+/// coordinate must lie in; NULL skips the test.
+///
+/// Returns `{crosses_antimeridian 0|1, pole -1 (south)|0|1 (north), west, south, east, north}`.
+/// Raises 22023, 22003 or 22P02 as `inspect` says, before anything is written.
+#[pg_extern(stable, parallel_safe)]
+fn _inspect_geometry(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&str>) -> Vec<f64> {
+    let area = crs.and_then(area_of_use::lookup);
+    let rules = inspect::Rules {
+        lonlat,
+        area: area.as_ref().map(|a| (a, settings::AREA_OF_USE_MARGIN.get())),
+        find_poles: lonlat && source_srid != 4326,
+    };
+    let facts = ok_or_report(inspect::inspect(wkb, &rules), "edit_feature");
+    let pole = match facts.encircled_pole {
+        Some(inspect::Pole::South) => -1.0,
+        Some(inspect::Pole::North) => 1.0,
+        None => 0.0,
+    };
+    let [west, south, east, north] = facts.bbox;
+    vec![f64::from(u8::from(facts.crosses_antimeridian)), pole, west, south, east, north]
+}
+
+/// EWKB (SRID 4326) of the same Polygon or MultiPolygon with each ring around a pole rebuilt as a
+/// polar cap that covers it (see `polar`). `wkb`: the shape after ST_Transform to 4326, densified in
+/// its source CRS first. Raises 22023 when the shape cannot be rebuilt.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn _close_polar_caps(wkb: &[u8]) -> Vec<u8> {
+    geojson::with_srid(ok_or_report(polar::close_polar_caps(wkb), "edit_feature"), 4326)
+}
+
+/// H3 cell (lowercase hex) of a routing point, `lon` and `lat` in EPSG:4326 degrees, at H3
+/// `resolution` 0–15. A longitude in (180, 360), from a point taken on the longitude-shifted shape
+/// of a feature across the antimeridian, is wrapped back to [-180, 180]. Raises 22023 for a
+/// non-finite point and 22003 for one out of range.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn _h3_cell(lon: f64, lat: f64, resolution: i32) -> String {
+    let lon = if lon > 180.0 { lon - 360.0 } else { lon };
+    let res = ok_or_report(routing::resolution_of(resolution), "edit_feature");
+    ok_or_report(routing::cell_for_lonlat(lon, lat, res), "edit_feature")
+}
+
+// The 0.1.0 helpers. 0.1.0's install script declares them, so their symbols stay; 0.2.0 no longer
+// declares them as SQL functions (the upgrade script drops them).
+
+/// 0.1.0: checks every coordinate of a 2-D WKB geometry (see `inspect::check`).
+#[pg_extern(immutable, strict, parallel_safe, sql = false)]
+fn _check_coordinates(wkb: &[u8], lonlat: bool) {
+    ok_or_report(inspect::check(wkb, lonlat), "edit_feature")
+}
+
+/// 0.1.0: true when a ring or line of the WKB geometry has an edge spanning more than 180° of longitude.
+#[pg_extern(immutable, strict, parallel_safe, sql = false)]
+fn _crosses_antimeridian(wkb: &[u8]) -> bool {
+    ok_or_report(inspect::crosses_antimeridian(wkb), "edit_feature")
+}
+
+/// 0.1.0: H3 cell of a WKB point in EPSG:4326 degrees, at `feature_outbox.h3_resolution`.
+#[pg_extern(stable, strict, parallel_safe, sql = false)]
+fn _routing_cell(point_wkb: &[u8]) -> String {
+    let resolution = settings::H3_RESOLUTION.get() as u8;
+    ok_or_report(routing::cell_for_point_wkb(point_wkb, resolution), "edit_feature")
+}
