@@ -22,22 +22,25 @@ AS 'MODULE_PATHNAME', '_relay_preloaded_wrapper';
 -- The edit path, rebuilt (one pass through the geometry; per-feature state; poles; area of use) ----
 
 -- Each feature's current state, kept by the edit path so that the next edit reads its previous
--- routing key instead of recomputing it. Keyed by layer ('features' is the built-in table), so the
--- user's own tables, which cannot take extra columns, use it unchanged.
+-- routing key instead of recomputing it, and the state before the last edit. Keyed by layer
+-- ('features' is the built-in table), so the user's own tables, which cannot take extra columns,
+-- use it unchanged. An edit updates its row first: the row lock orders edits of one feature, and
+-- SET previous_* = the old values hands the old state back through RETURNING.
 CREATE TABLE feature_state (
-    layer          text     NOT NULL,
-    feature_id     bigint   NOT NULL,
-    routing_key    text     NOT NULL,  -- H3 cell of the current geometry's routing point
-    h3_resolution  smallint NOT NULL,  -- the resolution routing_key was computed at
-    -- Bounding box of the current geometry in EPSG:4326 degrees, as RFC 7946 §5.2: west > east
-    -- for a feature across the antimeridian.
-    west           float8   NOT NULL,
-    south          float8   NOT NULL,
-    east           float8   NOT NULL,
-    north          float8   NOT NULL,
+    layer                   text     NOT NULL,
+    feature_id              bigint   NOT NULL,
+    routing_key             text     NOT NULL,  -- H3 cell of the current geometry's routing point
+    h3_resolution           smallint NOT NULL,  -- the resolution routing_key was computed at
+    -- Bounding box of the current geometry: {west, south, east, north} in EPSG:4326 degrees, as
+    -- RFC 7946 §5.2 (west > east for a feature across the antimeridian).
+    bbox                    float8[] NOT NULL,
+    -- The same three before the last edit; NULL after the first.
+    previous_routing_key    text,
+    previous_h3_resolution  smallint,
+    previous_bbox           float8[],
     PRIMARY KEY (layer, feature_id)
 );
-COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: current routing key, its H3 resolution, bounding box.';
+COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution and bounding box, now and before the last edit.';
 SELECT pg_catalog.pg_extension_config_dump('feature_state', '');
 REVOKE ALL ON TABLE feature_state FROM PUBLIC;
 
@@ -137,8 +140,10 @@ DECLARE
     p geometry;
     new_key text;
     previous_key text;
+    previous_res smallint;
     old_retired timestamptz;
     new_version integer;
+    state_written boolean := false;  -- the state row was updated in place
 BEGIN
     IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
@@ -260,22 +265,23 @@ BEGIN
                 HINT = 'Send a moved event to change it.';
         END IF;
     ELSE
-        SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+        -- The state row first: its lock orders the edits of this feature, and the statement returns
+        -- the state the last committed edit left. A retired event without a geometry keeps the last
+        -- one, and its state.
+        UPDATE feature_state s
+           SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
+               previous_bbox = s.bbox,
+               routing_key = coalesce(new_key, s.routing_key),
+               h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
+               bbox = coalesce(facts[3:6], s.bbox)
+         WHERE s.layer = 'features' AND s.feature_id = p_feature_id
+        RETURNING s.previous_routing_key, s.previous_h3_resolution INTO previous_key, previous_res;
+        state_written := FOUND;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
-                HINT = 'Send a created event first.';
-        END IF;
-        IF old_retired IS NOT NULL THEN
-            RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
-                DETAIL = format('It was retired at %s.', old_retired),
-                HINT = 'A retired feature takes no further edits; create a new feature id.';
-        END IF;
-        -- Read after the row lock, so a concurrent edit of this feature has committed its state.
-        -- Recomputed from the stored geometry only when the resolution changed since, or the feature
-        -- was written before 0.2.0 and has no state yet.
-        SELECT s.routing_key INTO previous_key FROM feature_state s
-         WHERE s.layer = 'features' AND s.feature_id = p_feature_id AND s.h3_resolution = v_res;
-        IF previous_key IS NULL THEN
+            -- No state: the feature was written before 0.2.0, or does not exist.
+            SELECT routing_key(f.geom) INTO previous_key FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+        ELSIF previous_res <> v_res THEN
+            -- The resolution changed since: recompute from the geometry, still the old one here.
             SELECT routing_key(f.geom) INTO previous_key FROM features f WHERE f.id = p_feature_id;
         END IF;
         WITH f AS (
@@ -284,21 +290,34 @@ BEGIN
                    version = f.version + 1,
                    updated_at = now(),
                    retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
-             WHERE f.id = p_feature_id
+             WHERE f.id = p_feature_id AND f.retired_at IS NULL
             RETURNING f.version
         )
         INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
         SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, previous_key), previous_key FROM f
         RETURNING feature_version INTO new_version;
+        IF new_version IS NULL THEN  -- nothing written: the statement above changed no row
+            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
+                    HINT = 'Send a created event first.';
+            END IF;
+            RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
+                DETAIL = format('It was retired at %s.', old_retired),
+                HINT = 'A retired feature takes no further edits; create a new feature id.';
+        END IF;
     END IF;
 
-    -- A retired event without a geometry keeps the last one, and its state.
-    IF g IS NOT NULL THEN
-        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, west, south, east, north)
-        VALUES ('features', p_feature_id, new_key, v_res, facts[3], facts[4], facts[5], facts[6])
+    -- A created feature's state, or the first of one written before 0.2.0.
+    IF NOT state_written AND g IS NOT NULL THEN
+        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, bbox,
+                                        previous_routing_key, previous_h3_resolution)
+        VALUES ('features', p_feature_id, new_key, v_res, facts[3:6],
+                previous_key, CASE WHEN previous_key IS NOT NULL THEN v_res END)
         ON CONFLICT (layer, feature_id) DO UPDATE
-           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
-               west = EXCLUDED.west, south = EXCLUDED.south, east = EXCLUDED.east, north = EXCLUDED.north;
+           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution, bbox = EXCLUDED.bbox,
+               previous_routing_key = EXCLUDED.previous_routing_key,
+               previous_h3_resolution = EXCLUDED.previous_h3_resolution, previous_bbox = NULL;
     END IF;
     PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
     RETURN new_version;

@@ -143,7 +143,15 @@ fn _wake_relay_at_commit() {
 }
 
 fn wake_all() {
-    let latches: Vec<usize> = RELAY.share().slots.iter().filter(|s| s.pid != 0 && s.latch != 0).map(|s| s.latch).collect();
+    // A worker backing off after a sink failure sleeps its backoff out whatever commits (relay.rs,
+    // sleep_for): waking it would cost every commit a signal and the worker a wake-up for nothing.
+    let latches: Vec<usize> = RELAY
+        .share()
+        .slots
+        .iter()
+        .filter(|s| s.pid != 0 && s.latch != 0 && s.state != WorkerState::BackingOff)
+        .map(|s| s.latch)
+        .collect();
     for latch in latches {
         unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
     }
