@@ -86,21 +86,19 @@ CREATE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text, p
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
+    v_res integer;        -- feature_outbox.h3_resolution
     v_srid integer;
     crs text;             -- auth_name:auth_srid of a source SRID other than 4326
     g geometry;           -- the geometry to store, in EPSG:4326
-    facts float8[];       -- _inspect_geometry: {crosses antimeridian, pole, west, south, east, north}
+    facts float8[];       -- _inspect_geometry: {crosses antimeridian, pole, west, south, east, north, resolution}
     shape geometry;       -- what the routing point is taken from
     back geometry;
     tolerance float8;
     p geometry;
     new_key text;
-    previous_key text;
-    previous_res smallint;
+    v_point float8[];      -- the routing point, {longitude, latitude}
     old_retired timestamptz;
     new_version integer;
-    state_written boolean := false;  -- the state row was updated in place
 BEGIN
     IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
@@ -115,6 +113,7 @@ BEGIN
             RAISE EXCEPTION 'geometry must not be NULL for a % event', p_event_type USING ERRCODE = '22004',
                 HINT = 'Only a retired event may omit the geometry; it then keeps the last one.';
         END IF;
+        v_res := current_setting('feature_outbox.h3_resolution')::integer;
     ELSE
         IF ST_IsEmpty(p_geom) THEN
             RAISE EXCEPTION 'geometry is empty' USING ERRCODE = '22023',
@@ -199,7 +198,12 @@ BEGIN
             END IF;
             p := ST_PointOnSurface(CASE WHEN facts[1] = 1 THEN ST_ShiftLongitude(shape) ELSE shape END);
         END IF;
-        new_key := _h3_cell(ST_X(p), ST_Y(p), v_res);
+        v_point := ARRAY[ST_X(p), ST_Y(p)];
+        IF v_point[1] > 180 THEN  -- taken on the longitude-shifted shape
+            v_point[1] := v_point[1] - 360;
+        END IF;
+        v_res := facts[7];
+        new_key := _h3_cell(v_point[1], v_point[2], v_res);
     END IF;
 
     IF p_event_type = 'created' THEN
@@ -221,61 +225,72 @@ BEGIN
             RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
                 HINT = 'Send a moved event to change it.';
         END IF;
+        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+        VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
+        ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
+           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
+               routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
+               previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
     ELSE
-        -- The state row first: its lock orders the edits of this feature, and the statement returns
-        -- the state the last committed edit left. A retired event without a geometry keeps the last
-        -- one, and its state.
-        UPDATE feature_state s
-           SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
-               previous_bbox = s.bbox,
-               routing_key = coalesce(new_key, s.routing_key),
-               h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
-               bbox = coalesce(facts[3:6], s.bbox)
-         WHERE s.layer = 'features' AND s.feature_id = p_feature_id
-        RETURNING s.previous_routing_key, s.previous_h3_resolution INTO previous_key, previous_res;
-        state_written := FOUND;
-        IF NOT FOUND THEN
-            -- No state: the feature was written before 0.2.0, or does not exist.
-            SELECT routing_key(f.geom) INTO previous_key FROM features f WHERE f.id = p_feature_id FOR UPDATE;
-        ELSIF previous_res <> v_res THEN
-            -- The resolution changed since: recompute from the geometry, still the old one here.
-            SELECT routing_key(f.geom) INTO previous_key FROM features f WHERE f.id = p_feature_id;
-        END IF;
-        WITH f AS (
-            UPDATE features f
-               SET geom = coalesce(g, f.geom),
-                   version = f.version + 1,
-                   updated_at = now(),
-                   retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
-             WHERE f.id = p_feature_id AND f.retired_at IS NULL
-            RETURNING f.version
-        )
-        INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
-        SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, previous_key), previous_key FROM f
-        RETURNING feature_version INTO new_version;
-        IF new_version IS NULL THEN  -- nothing written: the statement above changed no row
-            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
+        FOR attempt IN 1..2 LOOP
+            -- One statement writes state, feature and outbox row. The state row goes first: its lock
+            -- orders the edits of this feature, and RETURNING hands back the state the last committed
+            -- edit left. A retired event without a geometry keeps the last one, and its state.
+            WITH st AS (
+                UPDATE feature_state s
+                   SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
+                       previous_routing_point = s.routing_point, previous_bbox = s.bbox,
+                       routing_key = coalesce(new_key, s.routing_key),
+                       h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
+                       routing_point = coalesce(v_point, s.routing_point),
+                       bbox = coalesce(facts[3:6], s.bbox)
+                 WHERE s.layer = 'features' AND s.feature_id = p_feature_id
+                RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
+                               -- the resolution changed since: the old routing point at the new one
+                               ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
+                          END AS previous_key
+            ), f AS (
+                UPDATE features f
+                   SET geom = coalesce(g, f.geom),
+                       version = f.version + 1,
+                       updated_at = now(),
+                       retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
+                  FROM st
+                 WHERE f.id = p_feature_id AND f.retired_at IS NULL
+                RETURNING f.version, st.previous_key
+            )
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
+            SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key FROM f
+            RETURNING feature_version INTO new_version;
+            EXIT WHEN new_version IS NOT NULL;
+
+            -- Nothing written: the feature is missing or retired, or has no state yet. Raising
+            -- undoes the state update above.
+            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
                     HINT = 'Send a created event first.';
+            ELSIF old_retired IS NOT NULL THEN
+                RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
+                    DETAIL = format('It was retired at %s.', old_retired),
+                    HINT = 'A retired feature takes no further edits; create a new feature id.';
+            ELSIF attempt = 2 THEN
+                RAISE EXCEPTION 'feature % has no routing state after it was filled in', p_feature_id
+                    USING ERRCODE = 'XX000';
             END IF;
-            RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
-                DETAIL = format('It was retired at %s.', old_retired),
-                HINT = 'A retired feature takes no further edits; create a new feature id.';
-        END IF;
+            -- Written before 0.2.0: fill its state from the stored geometry (under the row lock
+            -- just taken), then write the edit as above.
+            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+            SELECT 'features', f.id, _h3_cell(r.lon, r.lat, v_res), v_res, ARRAY[r.lon, r.lat],
+                   (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6]
+              FROM features f,
+                   LATERAL (SELECT CASE WHEN ST_X(q) > 180 THEN ST_X(q) - 360 ELSE ST_X(q) END AS lon, ST_Y(q) AS lat
+                              FROM _routing_point(f.geom) q) r
+             WHERE f.id = p_feature_id
+            ON CONFLICT (layer, feature_id) DO NOTHING;
+        END LOOP;
     END IF;
 
-    -- A created feature's state, or the first of one written before 0.2.0.
-    IF NOT state_written AND g IS NOT NULL THEN
-        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, bbox,
-                                        previous_routing_key, previous_h3_resolution)
-        VALUES ('features', p_feature_id, new_key, v_res, facts[3:6],
-                previous_key, CASE WHEN previous_key IS NOT NULL THEN v_res END)
-        ON CONFLICT (layer, feature_id) DO UPDATE
-           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution, bbox = EXCLUDED.bbox,
-               previous_routing_key = EXCLUDED.previous_routing_key,
-               previous_h3_resolution = EXCLUDED.previous_h3_resolution, previous_bbox = NULL;
-    END IF;
     PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
     RETURN new_version;
 END

@@ -47,21 +47,23 @@ SELECT pg_catalog.pg_extension_config_dump('outbox_id_seq', '');
 -- Each feature's current state, kept by the edit path so that the next edit reads its previous
 -- routing key instead of recomputing it, and the state before the last edit. Keyed by layer
 -- ('features' is the built-in table), so the user's own tables, which cannot take extra columns,
--- use it unchanged. An edit updates its row first: the row lock orders edits of one feature, and
--- SET previous_* = the old values hands the old state back through RETURNING.
+-- use it unchanged. An edit updates its row first: the row lock orders the edits of one feature,
+-- and SET previous_* = the old values hands the old state back through RETURNING.
 CREATE TABLE feature_state (
     layer                   text     NOT NULL,
     feature_id              bigint   NOT NULL,
     routing_key             text     NOT NULL,  -- H3 cell of the current geometry's routing point
     h3_resolution           smallint NOT NULL,  -- the resolution routing_key was computed at
+    routing_point           float8[] NOT NULL,  -- {longitude, latitude} in EPSG:4326 degrees
     -- Bounding box of the current geometry: {west, south, east, north} in EPSG:4326 degrees, as
     -- RFC 7946 §5.2 (west > east for a feature across the antimeridian).
     bbox                    float8[] NOT NULL,
-    -- The same three before the last edit; NULL after the first.
+    -- The same four before the last edit; NULL until the second edit.
     previous_routing_key    text,
     previous_h3_resolution  smallint,
+    previous_routing_point  float8[],
     previous_bbox           float8[],
     PRIMARY KEY (layer, feature_id)
 );
-COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution and bounding box, now and before the last edit.';
+COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution, routing point and bounding box, now and before the last edit.';
 SELECT pg_catalog.pg_extension_config_dump('feature_state', '');

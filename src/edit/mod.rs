@@ -47,7 +47,8 @@ fn _geojson_to_ewkb(geojson: &str) -> Vec<u8> {
 /// area of use (PROJ's database, widened by `feature_outbox.area_of_use_margin` degrees) every
 /// coordinate must lie in; NULL skips the test.
 ///
-/// Returns `{crosses_antimeridian 0|1, pole -1 (south)|0|1 (north), west, south, east, north}`.
+/// Returns `{crosses_antimeridian 0|1, pole -1 (south)|0|1 (north), west, south, east, north,
+/// h3_resolution}`, the last being `feature_outbox.h3_resolution` now (read here, where it costs nothing).
 /// Raises 22023, 22003 or 22P02 as `inspect` says, before anything is written.
 #[pg_extern(stable, parallel_safe)]
 fn _inspect_geometry(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&str>) -> Vec<f64> {
@@ -64,7 +65,8 @@ fn _inspect_geometry(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&st
         None => 0.0,
     };
     let [west, south, east, north] = facts.bbox;
-    vec![f64::from(u8::from(facts.crosses_antimeridian)), pole, west, south, east, north]
+    let resolution = f64::from(settings::H3_RESOLUTION.get());
+    vec![f64::from(u8::from(facts.crosses_antimeridian)), pole, west, south, east, north, resolution]
 }
 
 /// EWKB (SRID 4326) of the same Polygon or MultiPolygon with each ring around a pole rebuilt as a
