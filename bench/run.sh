@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# make bench: throughput of edit_feature and of the relay to NATS JetStream and to HTTP, on this
-# machine, against real components (PostgreSQL 15 cluster, nats-server -js, an HTTP receiver).
-# Prints its figures; asserts nothing about speed. BENCH_EVENTS (default 50000) sets the size.
+# make bench: on this machine, against real components (PostgreSQL 15 clusters, nats-server -js, an
+# HTTP receiver). Prints figures; asserts nothing about speed.
+#   1. edit_feature side by side with its floor (bench/edit_bench.py; BENCH_SECONDS, BENCH_ROUNDS);
+#   2. edit_feature and relay throughput (bench/relay_bench.py; BENCH_EVENTS, default 50000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+.venv/bin/python bench/edit_bench.py
 exec .venv/bin/python bench/relay_bench.py "$@"

@@ -19,8 +19,9 @@ mod tests {
         assert_eq!(rows, 1);
         // The routing key is the cell of ST_PointOnSurface, recomputed here independently of edit_feature.
         let same: bool = one(
-            "SELECT o.routing_key = feature_outbox._routing_cell(ST_AsBinary(ST_PointOnSurface(f.geom)))
-               FROM feature_outbox.outbox o JOIN feature_outbox.features f ON f.id = o.feature_id
+            "SELECT o.routing_key = feature_outbox._h3_cell(ST_X(p), ST_Y(p), 8)
+               FROM feature_outbox.outbox o JOIN feature_outbox.features f ON f.id = o.feature_id,
+                    ST_PointOnSurface(f.geom) p
               WHERE o.feature_id = 4471",
         )
         .unwrap();
