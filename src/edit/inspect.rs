@@ -292,11 +292,12 @@ pub fn short_step(d: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use geo::{Geometry, GeometryCollection, LineString, MultiPolygon, Point, Polygon, polygon};
 
-    fn wkb(g: &Geometry) -> Vec<u8> {
+    /// ISO WKB of a geo geometry, shared by the tests of the edit modules.
+    pub(crate) fn wkb(g: &Geometry) -> Vec<u8> {
         let mut buf = Vec::new();
         wkb::writer::write_geometry(&mut buf, g, &Default::default()).unwrap();
         buf
@@ -387,5 +388,58 @@ mod tests {
         // Two parts on both sides, like Aleutians West, with no edge across: not a crossing.
         let parts: Geometry = MultiPolygon(vec![square(178.0, 51.0), square(-179.5, 51.0)]).into();
         assert!(!crosses_antimeridian(&wkb(&parts)).unwrap());
+    }
+
+    #[test]
+    fn bounding_box_follows_rfc_7946_across_the_antimeridian() {
+        let rules = Rules { lonlat: true, ..Rules::default() };
+        let across: Geometry =
+            polygon![(x: 179.5, y: 51.0), (x: -179.5, y: 51.0), (x: -179.5, y: 52.0), (x: 179.5, y: 52.0), (x: 179.5, y: 51.0)].into();
+        let facts = inspect(&wkb(&across), &rules).unwrap();
+        assert!(facts.crosses_antimeridian);
+        assert_eq!(facts.bbox, [179.5, 51.0, -179.5, 52.0]);
+        let plain = inspect(&wkb(&square(13.0, 52.0).into()), &rules).unwrap();
+        assert_eq!(plain.bbox, [13.0, 52.0, 14.0, 53.0]);
+    }
+
+    #[test]
+    fn rings_around_a_pole_are_found_only_for_transformed_shapes() {
+        let ring: Vec<(f64, f64)> = [45.0, 135.0, -135.0, -45.0, 45.0].iter().map(|&x| (x, -77.0)).collect();
+        let around: Geometry = Polygon::new(LineString::from(ring), vec![]).into();
+        let transformed = Rules { lonlat: true, find_poles: true, ..Rules::default() };
+        assert_eq!(inspect(&wkb(&around), &transformed).unwrap().encircled_pole, Some(Pole::South));
+        assert_eq!(inspect(&wkb(&around), &Rules { lonlat: true, ..Rules::default() }).unwrap().encircled_pole, None);
+        assert_eq!(inspect(&wkb(&square(10.0, -80.0).into()), &transformed).unwrap().encircled_pole, None);
+    }
+
+    #[test]
+    fn an_edge_along_a_pole_is_not_an_antimeridian_crossing() {
+        // Antarctica as RFC 7946 draws it: along latitude -90 from 180 back to -180.
+        let cap: Geometry = polygon![(x: -180.0, y: -80.0), (x: 0.0, y: -80.0), (x: 180.0, y: -80.0), (x: 180.0, y: -90.0),
+                                     (x: -180.0, y: -90.0), (x: -180.0, y: -80.0)].into();
+        let facts = inspect(&wkb(&cap), &Rules { lonlat: true, ..Rules::default() }).unwrap();
+        assert!(!facts.crosses_antimeridian);
+        assert_eq!(facts.bbox, [-180.0, -90.0, 180.0, -80.0]);
+    }
+
+    #[test]
+    fn z_and_m_ordinates_are_refused_by_name() {
+        let mut buf = vec![1u8];
+        buf.extend_from_slice(&1001u32.to_le_bytes()); // ISO WKB POINT Z
+        for v in [1.0f64, 2.0, 3.0] {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        let e = inspect(&buf, &Rules::default()).unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (Code::InvalidParameter, "geometry has Z ordinates; features are 2-D"));
+    }
+
+    #[test]
+    fn a_vertex_outside_the_area_of_use_is_refused() {
+        let zone = Area { crs: "EPSG:32633".into(), crs_name: "UTM 33N".into(), name: "12°E to 18°E".into(),
+                          west: 12.0, south: 0.0, east: 18.0, north: 84.0 };
+        let rules = Rules { lonlat: true, area: Some((&zone, 1.0)), find_poles: true };
+        assert!(inspect(&wkb(&square(14.0, 50.0).into()), &rules).is_ok());
+        let e = inspect(&wkb(&square(18.5, 50.0).into()), &rules).unwrap_err();
+        assert!(e.message.contains("(19.5, 50)") && e.message.contains("EPSG:32633"), "{}", e.message);
     }
 }

@@ -105,13 +105,8 @@ fn cap(ring: &[Coord], turn: i32) -> Result<Vec<Coord>, InputError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edit::inspect::tests::wkb;
     use geo::{Area, Contains, Point, polygon};
-
-    fn wkb(g: &Geometry) -> Vec<u8> {
-        let mut buf = Vec::new();
-        wkb::writer::write_geometry(&mut buf, g, &Default::default()).unwrap();
-        buf
-    }
 
     fn read(buf: &[u8]) -> Polygon {
         match geo_traits::to_geo::ToGeoGeometry::to_geometry(&wkb::reader::read_wkb(buf).unwrap()) {
