@@ -370,6 +370,40 @@ DROP FUNCTION _check_coordinates(bytea, boolean);
 DROP FUNCTION _crosses_antimeridian(bytea);
 DROP FUNCTION _routing_cell(bytea);
 
+-- The claim's low-water mark (src/low_water.rs) --------------------------------------------------
+
+CREATE FUNCTION "_relay_low_water"() RETURNS bigint /* i64 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_relay_low_water_wrapper';
+
+CREATE FUNCTION "_relay_low_water_reset"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_relay_low_water_reset_wrapper';
+
+-- Parked rows below the mark, which the backlog counts without walking the rest. It scans the
+-- outbox once, under a lock that holds edits back while it builds.
+CREATE INDEX outbox_parked ON outbox (id) WHERE parked_at IS NOT NULL AND published_at IS NULL;
+
+-- retry_parked() resets the mark at its commit.
+CREATE OR REPLACE FUNCTION retry_parked() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, row_failures = 0
+     WHERE parked_at IS NOT NULL AND published_at IS NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM _relay_low_water_reset();  -- the rows are below the claim's low-water mark
+        PERFORM _wake_relay_at_commit();
+    END IF;
+    RETURN n;
+END
+$$;
+
 -- backlog gains oldest_parked_age and the session holding back VACUUM (at the end, as CREATE OR REPLACE
 -- VIEW requires); metrics() their gauges.
 CREATE OR REPLACE VIEW backlog AS
@@ -395,8 +429,13 @@ SELECT u.unpublished_rows,
                count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
                count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
                min(o.parked_at) AS oldest_parked_at
-          FROM outbox o
-         WHERE o.published_at IS NULL) u
+          FROM (-- From the low-water mark up (relay/low_water): below it every row is published or
+                -- parked, and the dead index entries of published rows there are never read.
+                SELECT o.created_at, o.parked_at, o.attempts FROM outbox o
+                 WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
+                UNION ALL
+                SELECT o.created_at, o.parked_at, o.attempts FROM outbox o
+                 WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o) u
  CROSS JOIN _relay_status() s
   -- The session whose snapshot or transaction holds back VACUUM here the longest: row versions
   -- newer than its horizon stay, dead, and the relay's index scans walk them (README, "Monitoring").

@@ -25,8 +25,13 @@ SELECT u.unpublished_rows,
                count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
                count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
                min(o.parked_at) AS oldest_parked_at
-          FROM outbox o
-         WHERE o.published_at IS NULL) u
+          FROM (-- From the low-water mark up (relay/low_water): below it every row is published or
+                -- parked, and the dead index entries of published rows there are never read.
+                SELECT o.created_at, o.parked_at, o.attempts FROM outbox o
+                 WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
+                UNION ALL
+                SELECT o.created_at, o.parked_at, o.attempts FROM outbox o
+                 WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o) u
  CROSS JOIN _relay_status() s
   -- The session whose snapshot or transaction holds back VACUUM here the longest: row versions
   -- newer than its horizon stay, dead, and the relay's index scans walk them (README, "Monitoring").
@@ -95,6 +100,7 @@ BEGIN
      WHERE parked_at IS NOT NULL AND published_at IS NULL;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
+        PERFORM _relay_low_water_reset();  -- the rows are below the claim's low-water mark
         PERFORM _wake_relay_at_commit();
     END IF;
     RETURN n;

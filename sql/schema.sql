@@ -36,6 +36,8 @@ COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transa
 
 -- The relay only ever scans unpublished rows, so index exactly those.
 CREATE INDEX outbox_unpublished ON outbox (id) WHERE published_at IS NULL;
+-- Parked rows below the claim's low-water mark, which the backlog counts without walking the rest.
+CREATE INDEX outbox_parked ON outbox (id) WHERE parked_at IS NOT NULL AND published_at IS NULL;
 -- Retention deletes and last_published_at read published rows by time, without scanning history.
 CREATE INDEX outbox_published_at ON outbox (published_at) WHERE published_at IS NOT NULL;
 

@@ -12,6 +12,7 @@ mod event;
 mod geojson;
 mod input_error;
 mod monitoring;
+mod low_water;
 mod relay;
 mod relay_state;
 mod routing;
@@ -39,7 +40,14 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/monitoring.sql",
     name = "monitoring",
-    requires = ["edit", monitoring::_relay_workers, monitoring::_relay_status, monitoring::_relay_preloaded]
+    requires = [
+        "edit",
+        monitoring::_relay_workers,
+        monitoring::_relay_status,
+        monitoring::_relay_preloaded,
+        relay_state::_relay_low_water,
+        relay_state::_relay_low_water_reset
+    ]
 );
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 

@@ -10,6 +10,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::backoff;
+use crate::low_water::LowWater;
 use crate::event::{self, Row};
 use crate::relay_state::{MAX_WORKERS, RELAY, WorkerState, now};
 use crate::settings;
@@ -177,11 +178,22 @@ struct Relay {
     last_retention: Option<Instant>,
     /// The stream-limits difference last logged, so a reconnect does not log it again.
     limits_logged: Option<String>,
+    /// Worker 0 keeps the claim's low-water mark.
+    low_water: LowWater,
 }
 
 impl Relay {
     fn new(index: usize) -> Self {
-        Relay { index, sink: None, sink_failures: 0, sink_down_logged: false, waiting_logged: None, last_retention: None, limits_logged: None }
+        Relay {
+            index,
+            sink: None,
+            sink_failures: 0,
+            sink_down_logged: false,
+            waiting_logged: None,
+            last_retention: None,
+            limits_logged: None,
+            low_water: LowWater::default(),
+        }
     }
 
     fn run(&mut self) {
@@ -250,7 +262,8 @@ impl Relay {
         let due = in_transaction(|| {
             Spi::get_one::<f64>(
                 "SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8 FROM feature_outbox.outbox
-                  WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL",
+                  WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL
+                    AND id >= feature_outbox._relay_low_water()",
             )
         });
         let poll = poll_interval();
@@ -369,6 +382,13 @@ impl Relay {
         let limit = settings::BATCH_SIZE.get() as i64;
         let index = self.index;
         let sink = &mut self.sink.as_mut().expect("connected above").1;
+        if index == 0 {
+            // Before the claim, so a mark that moved is used at once; its own short transaction.
+            let low_water = &mut self.low_water;
+            if let Err(e) = in_transaction(|| low_water.advance()).and_then(|r| r) {
+                warning!("feature_outbox relay {index}: low-water mark: {e}");
+            }
+        }
         let result = in_transaction(|| {
             Spi::connect_mut(|client| -> Result<Published, String> {
                 let rows = claim(client, limit)?;
@@ -511,13 +531,14 @@ fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     .execute()
 }
 
-// The claim locks rows of the outbox alone, walking the partial index in id order; the LEFT JOIN then
+// The claim locks rows of the outbox alone, walking the partial index in id order from the low-water
+// mark (low_water.rs), so the dead entries of published rows below it are never read; the LEFT JOIN then
 // touches only the claimed rows. A hard-deleted feature still yields its event, with a null geometry.
 const CLAIM: &str = "
 WITH claimed AS (
     SELECT o.*
       FROM feature_outbox.outbox o
-     WHERE o.published_at IS NULL AND o.parked_at IS NULL
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
        AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
      ORDER BY o.id
      LIMIT $1
@@ -540,7 +561,8 @@ fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
         .update("SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)", None, &[])
         .map_err(|e| e.to_string())?;
     // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
-    let table = client.update(CLAIM, None, &[limit.into()]).map_err(|e| e.to_string())?;
+    let low_water = crate::relay_state::low_water();
+    let table = client.update(CLAIM, None, &[limit.into(), low_water.into()]).map_err(|e| e.to_string())?;
     let mut rows = Vec::with_capacity(table.len());
     for r in table {
         let get_s = |i| r.get::<String>(i).map_err(|e| e.to_string());

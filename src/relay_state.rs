@@ -102,6 +102,14 @@ pub struct RelayShared {
     /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub crash_after_next_publish: bool,
+    /// The claim's low-water mark: every outbox row with a lower id is published or parked, and no
+    /// transaction that could still add one below it is running (see low_water.rs). 0 = unknown.
+    pub low_water: i64,
+    /// The outbox the mark belongs to: DROP and CREATE EXTENSION make another, whose ids start again.
+    pub low_water_relid: u32,
+    /// Bumped whenever rows below the mark may have become claimable again (retry_parked): a mark
+    /// computed before that is discarded.
+    pub low_water_generation: u64,
 }
 
 unsafe impl PGRXSharedMemory for RelayShared {}
@@ -140,6 +148,56 @@ fn _wake_relay_at_commit() {
         wake_all();
     });
     register_xact_callback(PgXactCallbackEvent::Abort, || WAKE_REGISTERED.with(|w| w.set(false)));
+}
+
+/// The claim's low-water outbox id (0 when unknown, or when the library was not preloaded): every
+/// row below it is published or parked. The claim and the backlog view start their scans here.
+#[pg_extern(stable, parallel_safe)]
+fn _relay_low_water() -> i64 {
+    low_water()
+}
+
+/// The mark, if it belongs to this database's outbox as it is now; else 0.
+pub fn low_water() -> i64 {
+    if !ready() {
+        return 0;
+    }
+    let (mark, relid) = {
+        let shared = RELAY.share();
+        (shared.low_water, shared.low_water_relid)
+    };
+    if mark > 0 && relid == outbox_relid() { mark } else { 0 }
+}
+
+/// OID of feature_outbox.outbox, or 0 (two syscache lookups).
+pub fn outbox_relid() -> u32 {
+    unsafe {
+        let ns = pg_sys::get_namespace_oid(c"feature_outbox".as_ptr(), true);
+        if ns == pg_sys::InvalidOid {
+            return 0;
+        }
+        pg_sys::get_relname_relid(c"outbox".as_ptr(), ns).to_u32()
+    }
+}
+
+thread_local! {
+    static RESET_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Called by retry_parked(): when this transaction commits (its unparked rows then visible), the
+/// low-water mark drops to 0 and a mark computed meanwhile is discarded.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _relay_low_water_reset() {
+    if !ready() || RESET_REGISTERED.with(|r| r.replace(true)) {
+        return;
+    }
+    register_xact_callback(PgXactCallbackEvent::Commit, || {
+        RESET_REGISTERED.with(|r| r.set(false));
+        let mut shared = RELAY.exclusive();
+        shared.low_water = 0;
+        shared.low_water_generation += 1;
+    });
+    register_xact_callback(PgXactCallbackEvent::Abort, || RESET_REGISTERED.with(|r| r.set(false)));
 }
 
 fn wake_all() {

@@ -1,0 +1,94 @@
+//! The claim's low-water mark, so that a long transaction cannot make the relay walk dead index
+//! entries (the guide's gotcha 3, through VACUUM). While any snapshot older than them lives, VACUUM
+//! keeps the dead `outbox_unpublished` entries of rows already published. The claim and the backlog
+//! view would walk every one, from the lowest id up. They start at the mark instead.
+//!
+//! The mark is conservative under out-of-order commits. An INSERT into the outbox takes
+//! RowExclusiveLock on it before it draws its id. So the worker reads the sequence's last value S
+//! first, then the transactions that hold that lock. Once all of those have ended, every id up to S
+//! is settled: committed or rolled back. The mark then moves to the lowest id up to S that is neither
+//! published nor parked, or to S + 1. Parked rows below the mark are counted through their own index.
+//! retry_parked() resets the mark at its commit.
+
+use pgrx::prelude::*;
+use std::time::{Duration, Instant};
+
+use crate::relay_state::{RELAY, outbox_relid};
+
+/// How often worker 0 looks: each advance walks the entries between the old mark and the new once.
+const EVERY: Duration = Duration::from_millis(100);
+
+/// The settled id bound a later look may turn into a new mark.
+struct Candidate {
+    last_id: i64,
+    writers: Vec<String>,
+    generation: u64,
+}
+
+#[derive(Default)]
+pub struct LowWater {
+    candidate: Option<Candidate>,
+    last: Option<Instant>,
+}
+
+impl LowWater {
+    /// One look, inside the caller's transaction. First, if the writers seen last time have all
+    /// ended, it advances the mark. Then it takes a new candidate.
+    pub fn advance(&mut self) -> Result<(), String> {
+        if self.last.is_some_and(|t| t.elapsed() < EVERY) {
+            return Ok(());
+        }
+        self.last = Some(Instant::now());
+        let relid = outbox_relid();
+        let last_id = Spi::get_one::<i64>(
+            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM feature_outbox.outbox_id_seq",
+        )
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0);
+        let (mark, generation) = {
+            let mut shared = RELAY.exclusive();
+            // Another outbox (DROP and CREATE EXTENSION), or ids that went back (TRUNCATE ...
+            // RESTART IDENTITY): start again from 0.
+            if shared.low_water_relid != relid || last_id + 1 < shared.low_water {
+                shared.low_water = 0;
+                shared.low_water_relid = relid;
+                shared.low_water_generation += 1;
+            }
+            (shared.low_water, shared.low_water_generation)
+        };
+        if let Some(c) = self.candidate.take_if(|c| c.generation == generation) {
+            let running = Spi::get_one_with_args::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE virtualtransaction = ANY($1))",
+                &[c.writers.clone().into()],
+            )
+            .map_err(|e| e.to_string())?
+            .unwrap_or(true);
+            if running {
+                self.candidate = Some(c);
+                return Ok(());
+            }
+            let next = Spi::get_one_with_args::<i64>(
+                "SELECT coalesce(min(id), $2 + 1) FROM feature_outbox.outbox
+                  WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 AND id <= $2",
+                &[mark.into(), c.last_id.into()],
+            )
+            .map_err(|e| e.to_string())?
+            .unwrap_or(mark);
+            let mut shared = RELAY.exclusive();
+            if shared.low_water_generation == c.generation && next > shared.low_water {
+                shared.low_water = next;
+            }
+        }
+        // The sequence first (read above), then the writers: a transaction that drew an id up to
+        // last_id held the lock then, and holds it until it ends.
+        let writers = Spi::get_one::<Vec<String>>(
+            "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_catalog.pg_locks
+              WHERE locktype = 'relation' AND relation = 'feature_outbox.outbox'::regclass
+                AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()",
+        )
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+        self.candidate = Some(Candidate { last_id, writers, generation });
+        Ok(())
+    }
+}
