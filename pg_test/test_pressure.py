@@ -1,6 +1,8 @@
 """The outbox under pressure from a long transaction (the guide's gotcha 3 through VACUUM): the
 backlog names the session that holds back VACUUM of the outbox, so an operator can find it."""
 
+import time
+
 import psycopg
 
 
@@ -41,3 +43,129 @@ def test_the_backlog_names_the_transaction_that_holds_back_vacuum(cluster):
         long.rollback()
         long.close()
     assert held(cluster, "pressure") == (None, None)
+
+
+# --- The claim's low-water mark, with a real worker -----------------------------------------------
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
+from relay_harness import NatsServer, wait_for  # noqa: E402
+
+LW_DB = "pressure_relay"
+# The claim as the worker runs it (src/relay.rs, CLAIM), from a given id up.
+CLAIM_FROM = """SELECT o.id FROM feature_outbox.outbox o
+                 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= {low}
+                   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                 ORDER BY o.id LIMIT 200 FOR UPDATE OF o SKIP LOCKED"""
+
+
+@pytest.fixture(scope="module")
+def relayed():
+    nats = NatsServer(RUN_DIR / "nats-pressure")
+    nats.start()
+    c = Cluster(RUN_DIR / "pressure-relay", free_port())
+    c.start(f"feature_outbox.database = '{LW_DB}'", f"feature_outbox.endpoint = '{nats.url}'",
+            "feature_outbox.poll_interval = '60s'")
+    c.create_db(LW_DB)
+    with c.connect(LW_DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+    yield c, nats
+    c.stop()
+    nats.stop()
+
+
+def edits(c, first, n):
+    with c.connect(LW_DB) as conn:
+        conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
+                                                       (i %% 340) - 170, (i %% 160) - 80), 'created')
+                          FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + n - 1))
+
+
+def scalar(c, sql, params=()):
+    with c.connect(LW_DB) as conn:
+        return conn.execute(sql, params).fetchone()[0]
+
+
+def drained(c):
+    return scalar(c, "SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)")
+
+
+def buffers(c, sql):
+    """Shared buffers the statement's plan hit or read, from EXPLAIN (ANALYZE, BUFFERS)."""
+    with c.connect(LW_DB) as conn:
+        # The worker's own settings for its claim (src/relay.rs, claim): the partial index, in id order.
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}").fetchone()[0][0]["Plan"]
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+
+def test_out_of_order_commit_below_published_ids_is_relayed(relayed):
+    c, nats = relayed
+    late = psycopg.connect(c.dsn(LW_DB))
+    # Draws an outbox id, then stays open while higher ids are committed and published.
+    late.execute("SELECT feature_outbox.edit_feature(1, '{\"type\":\"Point\",\"coordinates\":[1,2]}', 'created')")
+    late_id = late.execute("SELECT max(id) FROM feature_outbox.outbox").fetchone()[0]
+    edits(c, 1000, 500)
+    wait_for(lambda: drained(c), 30, "the 500 later edits to be relayed")
+    time.sleep(0.5)  # several looks of worker 0 at the mark
+    mark = scalar(c, "SELECT feature_outbox._relay_low_water()")
+    assert mark <= late_id, f"the mark {mark} passed id {late_id}, which an open transaction holds"
+    late.commit()
+    late.close()
+    wait_for(lambda: drained(c), 20, "the late event to be relayed")
+    assert [m["event"]["feature_id"] for m in nats.messages()].count("1") == 1
+    # With nothing open any more, the mark moves past everything.
+    wait_for(lambda: scalar(c, "SELECT feature_outbox._relay_low_water()")
+             > scalar(c, "SELECT max(id) FROM feature_outbox.outbox"), 10, "the mark to pass the last id")
+
+
+def test_claim_and_backlog_do_not_walk_dead_entries_held_by_a_long_transaction(relayed):
+    c, _ = relayed
+    long = psycopg.connect(c.dsn(LW_DB))
+    long.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    try:
+        long.execute("SELECT count(*) FROM feature_outbox.features")  # takes the snapshot, and keeps it
+        edits(c, 10_000, 3000)
+        wait_for(lambda: drained(c), 60, "3000 edits to be relayed")
+        last = scalar(c, "SELECT max(id) FROM feature_outbox.outbox")
+        wait_for(lambda: scalar(c, "SELECT feature_outbox._relay_low_water()") > last, 10, "the mark to pass the last id")
+        with c.connect(LW_DB) as conn:
+            conn.execute("VACUUM feature_outbox.outbox")  # removes nothing the long snapshot may see
+        # From the start, the scan walks every dead entry of the 3000 published rows...
+        from_start = buffers(c, CLAIM_FROM.format(low=0))
+        # ...from the mark, none of them.
+        from_mark = buffers(c, CLAIM_FROM.format(low="feature_outbox._relay_low_water()"))
+        backlog = buffers(c, "SELECT * FROM feature_outbox.backlog")
+        # 3000 dead entries fill over 10 index leaf pages and point into over 20 heap pages.
+        assert from_start > 40, f"the test needs dead entries to walk; the scan from 0 read only {from_start}"
+        assert from_mark <= 10, f"the claim read {from_mark} buffers (from 0: {from_start})"
+        assert backlog <= 30, f"the backlog view read {backlog} buffers (the claim from 0: {from_start})"
+    finally:
+        long.close()
+
+
+def test_retry_parked_lowers_the_mark_so_requeued_rows_are_claimed(relayed):
+    c, nats = relayed
+    edits(c, 20_000, 10)
+    wait_for(lambda: drained(c), 20, "10 edits to be relayed")
+    # Park one relayed row by hand (as max_attempts would), then let the mark pass it.
+    with c.connect(LW_DB) as conn:
+        parked = conn.execute("""UPDATE feature_outbox.outbox SET published_at = NULL, parked_at = now()
+                                  WHERE feature_id = 20005 RETURNING id""").fetchone()[0]
+    edits(c, 20_100, 5)
+    last = scalar(c, "SELECT max(id) FROM feature_outbox.outbox")
+    wait_for(lambda: scalar(c, "SELECT feature_outbox._relay_low_water()") > last, 10,
+             f"the mark to pass the parked row {parked} and the last id {last}: "
+             + str(scalar(c, "SELECT (feature_outbox._relay_low_water(), (SELECT min(id) FROM feature_outbox.outbox "
+                             "WHERE published_at IS NULL AND parked_at IS NULL), (SELECT array_agg(virtualtransaction || ' ' || pid) FROM pg_locks "
+                             "WHERE relation = 'feature_outbox.outbox'::regclass))::text")))
+    assert scalar(c, "SELECT parked_rows FROM feature_outbox.backlog") == 1
+    before = [m["event"]["feature_id"] for m in nats.messages()].count("20005")
+    assert scalar(c, "SELECT feature_outbox.retry_parked()") == 1
+    wait_for(lambda: drained(c), 20, "the requeued row to be relayed")
+    assert [m["event"]["feature_id"] for m in nats.messages()].count("20005") >= before
+    assert scalar(c, "SELECT published_at IS NOT NULL FROM feature_outbox.outbox WHERE id = %s", (parked,))

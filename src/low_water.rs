@@ -88,7 +88,14 @@ impl LowWater {
         )
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
-        self.candidate = Some(Candidate { last_id, writers, generation });
+        // Nothing beyond the mark: no candidate to wait for.
+        let mark = RELAY.share().low_water;
+        self.candidate = (last_id >= mark).then_some(Candidate { last_id, writers, generation });
         Ok(())
+    }
+
+    /// A candidate waits for a later look: an idle worker should look again soon.
+    pub fn pending(&self) -> bool {
+        self.candidate.is_some()
     }
 }

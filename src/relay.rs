@@ -22,6 +22,8 @@ const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 const RESTART: Duration = Duration::from_secs(1);
 const DATABASE_POLL: Duration = Duration::from_millis(250);
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// How soon an idle worker 0 looks at the low-water mark again while a candidate waits.
+const LOW_WATER_LOOK: Duration = Duration::from_millis(150);
 const RETENTION_CHUNK: i64 = 5000;
 
 /// Registers `feature_outbox.relay_workers` workers. Called from `_PG_init` while preloading.
@@ -256,6 +258,7 @@ impl Relay {
         }
         if self.index == 0 {
             self.retention();
+            self.advance_low_water();
         }
         self.set_state(WorkerState::Idle);
         // Wake up for the earliest per-row retry if that comes before the poll interval.
@@ -266,7 +269,11 @@ impl Relay {
                     AND id >= feature_outbox._relay_low_water()",
             )
         });
-        let poll = poll_interval();
+        let mut poll = poll_interval();
+        if self.index == 0 && self.low_water.pending() {
+            // Look at the mark again soon, so it passes the last relayed rows without new edits.
+            poll = poll.min(LOW_WATER_LOOK);
+        }
         match due {
             // A row may have come due since the claim: then look again almost at once.
             Ok(Ok(Some(secs))) => Drain::Idle(poll.min(Duration::from_secs_f64(secs.max(0.001)))),
@@ -379,16 +386,13 @@ impl Relay {
             update_slot(self.index, |s| s.failed_attempts += 1);
             return Ok(BatchEnd::SinkDown(e, None));
         }
+        if self.index == 0 {
+            // Before the claim, so a mark that moved is used at once.
+            self.advance_low_water();
+        }
         let limit = settings::BATCH_SIZE.get() as i64;
         let index = self.index;
         let sink = &mut self.sink.as_mut().expect("connected above").1;
-        if index == 0 {
-            // Before the claim, so a mark that moved is used at once; its own short transaction.
-            let low_water = &mut self.low_water;
-            if let Err(e) = in_transaction(|| low_water.advance()).and_then(|r| r) {
-                warning!("feature_outbox relay {index}: low-water mark: {e}");
-            }
-        }
         let result = in_transaction(|| {
             Spi::connect_mut(|client| -> Result<Published, String> {
                 let rows = claim(client, limit)?;
@@ -442,6 +446,14 @@ impl Relay {
             }
             self.sink_down_logged = false;
             self.sink_failures = 0;
+        }
+    }
+
+    /// One look at the claim's low-water mark (worker 0), in its own short transaction.
+    fn advance_low_water(&mut self) {
+        let low_water = &mut self.low_water;
+        if let Err(e) = in_transaction(|| low_water.advance()).and_then(|r| r) {
+            warning!("feature_outbox relay {}: low-water mark: {e}", self.index);
         }
     }
 
