@@ -169,3 +169,30 @@ def test_retry_parked_lowers_the_mark_so_requeued_rows_are_claimed(relayed):
     wait_for(lambda: drained(c), 20, "the requeued row to be relayed")
     assert [m["event"]["feature_id"] for m in nats.messages()].count("20005") >= before
     assert scalar(c, "SELECT published_at IS NOT NULL FROM feature_outbox.outbox WHERE id = %s", (parked,))
+
+
+def test_retention_keeps_deleting_while_a_long_transaction_holds_vacuum_back(relayed):
+    c, _ = relayed
+    with c.connect() as conn:
+        conn.execute("ALTER SYSTEM SET feature_outbox.retention = '2s'")
+        conn.execute("SELECT pg_reload_conf()")
+    long = psycopg.connect(c.dsn(LW_DB))
+    long.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    wakers = iter(range(100_000, 200_000))
+    try:
+        long.execute("SELECT count(*) FROM feature_outbox.features")
+        for k in range(3):
+            edits(c, 30_000 + k * 1000, 1000)
+            wait_for(lambda: drained(c), 30, "1000 edits to be relayed")
+            first = 30_000 + k * 1000
+
+            def old_rows_gone():
+                edits(c, next(wakers), 1)  # a commit wakes the worker, which runs retention when idle
+                return scalar(c, "SELECT count(*) FROM feature_outbox.outbox WHERE feature_id BETWEEN %s AND %s",
+                              (first, first + 999)) == 0
+            wait_for(old_rows_gone, 20, f"retention to delete round {k}", interval=0.5)
+    finally:
+        long.close()
+        with c.connect() as conn:
+            conn.execute("ALTER SYSTEM RESET feature_outbox.retention")
+            conn.execute("SELECT pg_reload_conf()")

@@ -29,6 +29,8 @@ struct Candidate {
 pub struct LowWater {
     candidate: Option<Candidate>,
     last: Option<Instant>,
+    /// A look was skipped (too soon after the last one): one is owed.
+    owed: bool,
 }
 
 impl LowWater {
@@ -36,9 +38,11 @@ impl LowWater {
     /// ended, it advances the mark. Then it takes a new candidate.
     pub fn advance(&mut self) -> Result<(), String> {
         if self.last.is_some_and(|t| t.elapsed() < EVERY) {
+            self.owed = true;
             return Ok(());
         }
         self.last = Some(Instant::now());
+        self.owed = false;
         let relid = outbox_relid();
         let last_id = Spi::get_one::<i64>(
             "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM feature_outbox.outbox_id_seq",
@@ -94,8 +98,8 @@ impl LowWater {
         Ok(())
     }
 
-    /// A candidate waits for a later look: an idle worker should look again soon.
+    /// A candidate waits for a later look, or a look was skipped: an idle worker should look again soon.
     pub fn pending(&self) -> bool {
-        self.candidate.is_some()
+        self.candidate.is_some() || self.owed
     }
 }

@@ -25,6 +25,10 @@ const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How soon an idle worker 0 looks at the low-water mark again while a candidate waits.
 const LOW_WATER_LOOK: Duration = Duration::from_millis(150);
 const RETENTION_CHUNK: i64 = 5000;
+/// Retention's scan starts this long before the newest publish time it deleted. A row's published_at
+/// is taken by the mark statement, just before its transaction commits, so no row published earlier
+/// than that can become visible after a run's scan has passed it.
+const RETENTION_FLOOR_MARGIN_S: f64 = 600.0;
 
 /// Registers `feature_outbox.relay_workers` workers. Called from `_PG_init` while preloading.
 pub fn register_workers() {
@@ -182,6 +186,8 @@ struct Relay {
     limits_logged: Option<String>,
     /// Worker 0 keeps the claim's low-water mark.
     low_water: LowWater,
+    /// The newest publish time (epoch seconds) retention has deleted, since this worker started.
+    retention_floor: Option<f64>,
 }
 
 impl Relay {
@@ -195,6 +201,7 @@ impl Relay {
             last_retention: None,
             limits_logged: None,
             low_water: LowWater::default(),
+            retention_floor: None,
         }
     }
 
@@ -468,23 +475,41 @@ impl Relay {
         }
         self.last_retention = Some(Instant::now());
         loop {
+            // From the newest publish time deleted before, less a margin: the dead entries of rows
+            // deleted earlier, which a long transaction keeps from VACUUM, are not walked again.
+            let floor = self.retention_floor.map_or(f64::NEG_INFINITY, |f| f - RETENTION_FLOOR_MARGIN_S);
             let deleted = in_transaction(|| {
                 Spi::connect_mut(|c| {
-                    c.update(
-                        "DELETE FROM feature_outbox.outbox WHERE id IN (
-                             SELECT id FROM feature_outbox.outbox
-                              WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)
-                              LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                        None,
-                        &[(retention as f64).into(), RETENTION_CHUNK.into()],
-                    )
-                    .map(|t| t.len() as i64)
-                    .map_err(|e| e.to_string())
+                    let rows = c
+                        .update(
+                            "WITH gone AS (
+                                 DELETE FROM feature_outbox.outbox WHERE id IN (
+                                     SELECT id FROM feature_outbox.outbox
+                                      WHERE published_at IS NOT NULL AND published_at >= to_timestamp($3)
+                                        AND published_at < now() - make_interval(secs => $1)
+                                      ORDER BY published_at
+                                      LIMIT $2 FOR UPDATE SKIP LOCKED)
+                                 RETURNING published_at)
+                             SELECT count(*), extract(epoch FROM max(published_at))::float8 FROM gone",
+                            None,
+                            &[(retention as f64).into(), RETENTION_CHUNK.into(), floor.into()],
+                        )
+                        .map_err(|e| e.to_string())?;
+                    let row = rows.first();
+                    let n = row.get::<i64>(1).map_err(|e| e.to_string())?.unwrap_or(0);
+                    let newest = row.get::<f64>(2).map_err(|e| e.to_string())?;
+                    Ok::<_, String>((n, newest))
                 })
             });
             match deleted {
-                Ok(Ok(n)) if n == RETENTION_CHUNK => continue,
-                Ok(Ok(_)) => break,
+                Ok(Ok((n, newest))) => {
+                    if let Some(t) = newest {
+                        self.retention_floor = Some(self.retention_floor.map_or(t, |f| f.max(t)));
+                    }
+                    if n < RETENTION_CHUNK {
+                        break;
+                    }
+                }
                 Ok(Err(e)) | Err(e) => {
                     self.record_error(&format!("retention: {e}"));
                     break;
