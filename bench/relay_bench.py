@@ -19,12 +19,12 @@ N = int(os.environ.get("BENCH_EVENTS", "50000"))
 DB = "bench"
 
 
-def configure(c, **settings):
+def configure(c, settle=0.3, **settings):
     with c.connect() as conn:
         for k, v in settings.items():
             conn.execute(f"ALTER SYSTEM SET feature_outbox.{k} = '{v}'")
         conn.execute("SELECT pg_reload_conf()")
-    time.sleep(0.3)
+    time.sleep(settle)
 
 
 def drained(c):
@@ -43,8 +43,8 @@ def edits(c, n, first_id):
         return time.monotonic() - t
 
 
-def drain(c, label, n):
-    t = time.monotonic()
+def drain(c, label, n, t):
+    """From t, the moment before the reload that pointed the paused relay at its sink."""
     wait_for(lambda: drained(c), 600, f"{label} to drain", interval=0.05)
     dt = time.monotonic() - t
     print(f"  {label:<38} {n:>7} events in {dt:6.2f} s = {n / dt:>9,.0f} events/s")
@@ -79,19 +79,22 @@ def main():
         total = N + len(rows)
 
         print("relay to NATS JetStream (batch_size 200):")
-        configure(c, endpoint=nats.url)
-        drain(c, "2 workers, backlog of points+counties", total)
+        t = time.monotonic()
+        configure(c, settle=0, endpoint=nats.url)
+        drain(c, "2 workers, backlog of points+counties", total, t)
         configure(c, endpoint=f"http://127.0.0.1:{free_port()}/paused")
         edits(c, N, 20_000_000)
-        configure(c, endpoint=nats.url, batch_size=1000)
-        drain(c, "2 workers, batch_size 1000", N)
+        t = time.monotonic()
+        configure(c, settle=0, endpoint=nats.url, batch_size=1000)
+        drain(c, "2 workers, batch_size 1000", N, t)
 
         print("relay to HTTP (keep-alive, local receiver):")
         configure(c, endpoint=f"http://127.0.0.1:{free_port()}/paused", batch_size=200)
         m = min(N, 10_000)
         edits(c, m, 30_000_000)
-        configure(c, endpoint=receiver.url)
-        drain(c, "2 workers", m)
+        t = time.monotonic()
+        configure(c, settle=0, endpoint=receiver.url)
+        drain(c, "2 workers", m, t)
         print(f"  receiver saw {len(receiver.requests)} requests for {m} events")
     finally:
         c.stop()
