@@ -19,8 +19,8 @@ def test_the_backlog_names_the_transaction_that_holds_back_vacuum(cluster):
 
     # A forgotten REPEATABLE READ transaction: its snapshot keeps every later dead row version.
     long = psycopg.connect(cluster.dsn("pressure"))
+    long.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ  # psycopg opens the transaction itself
     try:
-        long.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         long.execute("SELECT count(*) FROM feature_outbox.outbox")
         pid = long.info.backend_pid
         (held_by, held_for), = [held(cluster, "pressure")]
