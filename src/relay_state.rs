@@ -134,20 +134,27 @@ pub fn now() -> pg_sys::TimestampTz {
 
 thread_local! {
     static WAKE_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static RESET_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Called by edit_feature: at commit (never before, never on abort) set every relay worker's latch,
-/// so a committed edit is published without waiting for the poll interval. As pg_net does.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _wake_relay_at_commit() {
-    if !ready() || WAKE_REGISTERED.with(|w| w.replace(true)) {
+/// Runs `f` when this transaction commits (never before, never on abort), once however often it
+/// is asked for in the transaction; `asked` remembers that it was.
+fn once_at_commit(asked: &'static std::thread::LocalKey<std::cell::Cell<bool>>, f: fn()) {
+    if !ready() || asked.with(|a| a.replace(true)) {
         return;
     }
-    register_xact_callback(PgXactCallbackEvent::Commit, || {
-        WAKE_REGISTERED.with(|w| w.set(false));
-        wake_all();
+    register_xact_callback(PgXactCallbackEvent::Commit, move || {
+        asked.with(|a| a.set(false));
+        f();
     });
-    register_xact_callback(PgXactCallbackEvent::Abort, || WAKE_REGISTERED.with(|w| w.set(false)));
+    register_xact_callback(PgXactCallbackEvent::Abort, move || asked.with(|a| a.set(false)));
+}
+
+/// Called by edit_feature: at commit set every relay worker's latch, so a committed edit is
+/// published without waiting for the poll interval. As pg_net does.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _wake_relay_at_commit() {
+    once_at_commit(&WAKE_REGISTERED, wake_all);
 }
 
 /// The claim's low-water outbox id (0 when unknown, or when the library was not preloaded): every
@@ -180,24 +187,15 @@ pub fn outbox_relid() -> u32 {
     }
 }
 
-thread_local! {
-    static RESET_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Called by retry_parked(): when this transaction commits (its unparked rows then visible), the
 /// low-water mark drops to 0 and a mark computed meanwhile is discarded.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _relay_low_water_reset() {
-    if !ready() || RESET_REGISTERED.with(|r| r.replace(true)) {
-        return;
-    }
-    register_xact_callback(PgXactCallbackEvent::Commit, || {
-        RESET_REGISTERED.with(|r| r.set(false));
+    once_at_commit(&RESET_REGISTERED, || {
         let mut shared = RELAY.exclusive();
         shared.low_water = 0;
         shared.low_water_generation += 1;
     });
-    register_xact_callback(PgXactCallbackEvent::Abort, || RESET_REGISTERED.with(|r| r.set(false)));
 }
 
 fn wake_all() {
