@@ -326,11 +326,9 @@ BEGIN
             -- Written before 0.2.0: fill its state from the stored geometry (under the row lock
             -- just taken), then write the edit as above.
             INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-            SELECT 'features', f.id, _h3_cell(r.lon, r.lat, v_res), v_res, ARRAY[r.lon, r.lat],
+            SELECT 'features', f.id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
                    (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6]
-              FROM features f,
-                   LATERAL (SELECT CASE WHEN ST_X(q) > 180 THEN ST_X(q) - 360 ELSE ST_X(q) END AS lon, ST_Y(q) AS lat
-                              FROM _routing_point(f.geom) q) r
+              FROM features f, _routing_point(f.geom) q  -- the point comes wrapped to [-180, 180]
              WHERE f.id = p_feature_id
             ON CONFLICT (layer, feature_id) DO NOTHING;
         END LOOP;
