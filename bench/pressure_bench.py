@@ -25,14 +25,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pg_test"))
 from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
-from relay_harness import NatsServer, wait_for  # noqa: E402
+from relay_harness import CLAIM_FROM, NatsServer, all_published, point_edits, wait_for  # noqa: E402
 
 DB = "pressure"
 SINGLES = int(os.environ.get("BENCH_SINGLES", "100"))
-CLAIM = """SELECT o.id FROM feature_outbox.outbox o
-            WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= feature_outbox._relay_low_water()
-              AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-            ORDER BY o.id LIMIT 200 FOR UPDATE OF o SKIP LOCKED"""
+CLAIM = CLAIM_FROM.format(low="feature_outbox._relay_low_water()")
 
 
 class Subscriber:
@@ -56,16 +53,6 @@ class Subscriber:
     def close(self):
         asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-def edits(conn, first, n):
-    conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
-                                                   (i %% 340) - 170, (i %% 160) - 80), 'created')
-                      FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + n - 1))
-
-
-def drained(conn):
-    return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)").fetchone()[0]
 
 
 def timed(conn, sql, runs=5):
@@ -93,7 +80,7 @@ def measure(c, conn, nats_server, sub, first):
         arrived = wait_for(lambda: sub.arrived.get(str(i)), 10, f"feature {i} at the subscriber", interval=0.0002)
         latencies.append((arrived - committed) * 1000)
     latencies.sort()
-    wait_for(lambda: drained(conn), 30, "the singles to drain")
+    wait_for(lambda: all_published(conn), 30, "the singles to drain")
     conn.execute("SET enable_seqscan = off")
     conn.execute("SET enable_bitmapscan = off")
     figures = {
@@ -102,18 +89,18 @@ def measure(c, conn, nats_server, sub, first):
         "SELECT * FROM backlog (ms)": timed(conn, "SELECT * FROM feature_outbox.backlog"),
         "claim of 200, empty backlog (ms)": timed(conn, CLAIM),
         # What the claim cost before the mark: the scan from the lowest id.
-        "the same claim from id 0 (ms)": timed(conn, CLAIM.replace("feature_outbox._relay_low_water()", "0")),
+        "the same claim from id 0 (ms)": timed(conn, CLAIM_FROM.format(low=0)),
     }
     conn.execute("RESET enable_seqscan")
     conn.execute("RESET enable_bitmapscan")
     # A 20k backlog, built while the relay is paused, then drained.
     configure(c, f"http://127.0.0.1:{free_port()}/paused")
-    edits(conn, first + SINGLES, 20_000)
+    point_edits(conn, first + SINGLES, 20_000)
     waiting = conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
     assert waiting == 20_000, f"the paused relay published {20_000 - waiting} rows"
     t = time.monotonic()  # from the reload that points the paused worker at NATS again
     configure(c, nats_server.url, settle=0)
-    wait_for(lambda: drained(conn), 300, "the 20k backlog to drain", interval=0.02)
+    wait_for(lambda: all_published(conn), 300, "the 20k backlog to drain", interval=0.02)
     figures["drain of 20k (events/s)"] = 20_000 / (time.monotonic() - t)
     return figures
 
@@ -132,8 +119,8 @@ def main():
         c.restart()
         with c.connect(DB) as conn:
             conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-            edits(conn, 1, 20_000)
-            wait_for(lambda: drained(conn), 120, "the first 20k to be relayed")
+            point_edits(conn, 1, 20_000)
+            wait_for(lambda: all_published(conn), 120, "the first 20k to be relayed")
             conn.execute("VACUUM feature_outbox.outbox")
             before = measure(c, conn, nats_server, sub, 100_000)
             conn.execute("VACUUM feature_outbox.outbox")
@@ -142,8 +129,8 @@ def main():
             long.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             long.execute("SELECT count(*) FROM feature_outbox.outbox")  # the snapshot it keeps
             for k in range(4):
-                edits(conn, 1_000_000 + k * 20_000, 20_000)
-                wait_for(lambda: drained(conn), 120, "20k more to be relayed")
+                point_edits(conn, 1_000_000 + k * 20_000, 20_000)
+                wait_for(lambda: all_published(conn), 120, "20k more to be relayed")
                 conn.execute("VACUUM feature_outbox.outbox")
             after = measure(c, conn, nats_server, sub, 2_000_000)
             mark = conn.execute("SELECT feature_outbox._relay_low_water()").fetchone()[0]

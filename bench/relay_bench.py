@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pg_test"))
 from conftest import COUNTIES, RUN_DIR, Cluster, free_port  # noqa: E402
-from relay_harness import NatsServer, Receiver, wait_for  # noqa: E402
+from relay_harness import NatsServer, Receiver, all_published, point_edits, wait_for  # noqa: E402
 
 N = int(os.environ.get("BENCH_EVENTS", "50000"))
 DB = "bench"
@@ -28,18 +28,14 @@ def configure(c, settle=0.3, **settings):
 
 
 def drained(c):
-    # A cheap probe (the first unpublished row), so polling does not compete with the relay for CPU.
     with c.connect(DB) as conn:
-        return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)").fetchone()[0]
+        return all_published(conn)
 
 
 def edits(c, n, first_id):
     with c.connect(DB) as conn:
         t = time.monotonic()
-        conn.execute(
-            "SELECT feature_outbox.edit_feature(i, format('{\"type\":\"Point\",\"coordinates\":[%%s,%%s]}', "
-            "(i %% 340) - 170, (i %% 160) - 80), 'created') FROM generate_series(%s::bigint, %s::bigint) i",
-            (first_id, first_id + n - 1))
+        point_edits(conn, first_id, n)
         return time.monotonic() - t
 
 

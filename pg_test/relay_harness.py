@@ -145,3 +145,23 @@ class Receiver:
 
     def close(self):
         self.server.shutdown()
+
+
+def point_edits(conn, first: int, n: int) -> None:
+    """`created` edits of n point features, ids first .. first + n - 1, in one statement."""
+    conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
+                                                   (i %% 340) - 170, (i %% 160) - 80), 'created')
+                      FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + n - 1))
+
+
+def all_published(conn) -> bool:
+    """True when no outbox row waits: a cheap probe (the first unpublished row), so polling does not
+    compete with the relay for CPU."""
+    return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)").fetchone()[0]
+
+
+# The claim's scan as the worker runs it (src/relay.rs, CLAIM), from the id given as `low`.
+CLAIM_FROM = """SELECT o.id FROM feature_outbox.outbox o
+                 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= {low}
+                   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                 ORDER BY o.id LIMIT 200 FOR UPDATE OF o SKIP LOCKED"""

@@ -52,16 +52,9 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 
 from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
-from relay_harness import NatsServer, wait_for  # noqa: E402
+from relay_harness import CLAIM_FROM, NatsServer, all_published, point_edits, wait_for  # noqa: E402
 
 LW_DB = "pressure_relay"
-# The claim as the worker runs it (src/relay.rs, CLAIM), from a given id up.
-CLAIM_FROM = """SELECT o.id FROM feature_outbox.outbox o
-                 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= {low}
-                   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-                 ORDER BY o.id LIMIT 200 FOR UPDATE OF o SKIP LOCKED"""
-
-
 @pytest.fixture(scope="module")
 def relayed():
     nats = NatsServer(RUN_DIR / "nats-pressure")
@@ -79,9 +72,7 @@ def relayed():
 
 def edits(c, first, n):
     with c.connect(LW_DB) as conn:
-        conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
-                                                       (i %% 340) - 170, (i %% 160) - 80), 'created')
-                          FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + n - 1))
+        point_edits(conn, first, n)
 
 
 def scalar(c, sql, params=()):
@@ -90,7 +81,8 @@ def scalar(c, sql, params=()):
 
 
 def drained(c):
-    return scalar(c, "SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)")
+    with c.connect(LW_DB) as conn:
+        return all_published(conn)
 
 
 def buffers(c, sql):
