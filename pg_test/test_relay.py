@@ -27,7 +27,7 @@ SETTINGS = (
     "feature_outbox.publish_timeout = '2s'",
     "feature_outbox.max_attempts = 3",
 )
-EVENT_FIELDS = {"schema_version", "event_id", "action", "feature_id", "event_version", "geometry_version",
+EVENT_FIELDS = {"schema_version", "event_id", "layer", "properties", "action", "feature_id", "event_version", "geometry_version",
                 "routing_key", "previous_routing_key", "crs", "geometry", "occurred_at", "relayed_at"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -153,12 +153,13 @@ def test_nats_every_edit_once_with_format_and_headers(relay, nats_server):
     for m in msgs:
         e, row = m["event"], rows[m["event"]["event_id"]]
         assert set(e) == EVENT_FIELDS
-        assert m["subject"] == f"features.{row['event_type']}.{row['routing_key']}"
+        assert m["subject"] == f"features.features.{row['event_type']}.{row['routing_key']}"
+        assert e["layer"] == "features" and e["properties"] == {}
         assert m["headers"]["Nats-Msg-Id"] == e["event_id"]
         assert m["headers"]["Feature-Id"] == str(row["feature_id"]) == e["feature_id"]
         assert m["headers"]["Feature-Version"] == str(row["feature_version"]) == str(e["event_version"])
         assert m["headers"].get("Previous-Routing-Key") == row["previous_routing_key"] == e["previous_routing_key"]
-        assert (e["action"], e["routing_key"], e["schema_version"], e["crs"]) == (row["event_type"], row["routing_key"], 2, "EPSG:4326")
+        assert (e["action"], e["routing_key"], e["schema_version"], e["crs"]) == (row["event_type"], row["routing_key"], 3, "EPSG:4326")
         assert RFC3339_UTC.match(e["occurred_at"]) and RFC3339_UTC.match(e["relayed_at"])
         assert e["occurred_at"] <= e["relayed_at"]
     created = next(m["event"] for m in msgs if m["event"]["feature_id"] == "1003")

@@ -42,6 +42,9 @@ EDITS = [
 # must not touch.
 EVENT_COLUMNS = ("id, event_id, feature_id, feature_version, event_type, routing_key, previous_routing_key, "
                  "schema_version, created_at")
+# Every column an outbox row had at 0.1.0, bookkeeping included.
+ROW_COLUMNS = (EVENT_COLUMNS + ", published_at, attempts, row_failures, last_error, last_attempt_at, "
+               "next_attempt_at, parked_at")
 FEATURES = "SELECT id, ST_AsEWKB(geom), version, created_at, updated_at, retired_at FROM feature_outbox.features ORDER BY id"
 
 
@@ -96,7 +99,7 @@ def test_upgrade_equals_fresh_install_and_keeps_and_relays_every_row(version, na
             assert f"schema is at version {version} and the library at {CURRENT}" in error
             before_features = conn.execute(FEATURES).fetchall()
             before_events = conn.execute(f"SELECT {EVENT_COLUMNS} FROM feature_outbox.outbox ORDER BY id").fetchall()
-            untouched = conn.execute("SELECT * FROM feature_outbox.outbox WHERE id <> ALL(%s) ORDER BY id",
+            untouched = conn.execute(f"SELECT {ROW_COLUMNS} FROM feature_outbox.outbox WHERE id <> ALL(%s) ORDER BY id",
                                      (pending,)).fetchall()
         marker = f"schema is at version {version} and the library at {CURRENT}; waiting for ALTER EXTENSION"
         assert c.log().count(marker) == 1, "logged once, not once per wake-up"
@@ -121,8 +124,10 @@ def test_upgrade_equals_fresh_install_and_keeps_and_relays_every_row(version, na
                      15, "the pending rows to be relayed after the update")
             assert conn.execute(FEATURES).fetchall() == before_features
             assert conn.execute(f"SELECT {EVENT_COLUMNS} FROM feature_outbox.outbox ORDER BY id").fetchall() == before_events
-            assert conn.execute("SELECT * FROM feature_outbox.outbox WHERE id <> ALL(%s) ORDER BY id",
+            assert conn.execute(f"SELECT {ROW_COLUMNS} FROM feature_outbox.outbox WHERE id <> ALL(%s) ORDER BY id",
                                 (pending,)).fetchall() == untouched
+            # Rows written before 0.2.0 are the built-in layer's.
+            assert conn.execute("SELECT DISTINCT layer FROM feature_outbox.outbox").fetchall() == [("features",)]
             # The outbox sequence continues above the old ids.
             conn.execute("SELECT feature_outbox.edit_feature(6, '{\"type\":\"Point\",\"coordinates\":[0,1]}', 'created')")
             [(new_id,)] = conn.execute("SELECT id FROM feature_outbox.outbox WHERE feature_id = 6").fetchall()

@@ -79,17 +79,22 @@ BEGIN
 END
 $$;
 
--- The write path behind both edit_feature forms. p_wkb: the geometry's (E)WKB when the caller has it
--- already (the GeoJSON form), else NULL. Every failure is a class-22 (or 23505/P0002/55000) error
--- raised before anything is written.
-CREATE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea) RETURNS integer
+-- The write path behind every edit_feature form and record_edit. p_layer: a registered layer
+-- ('features' is the built-in table). p_wkb: the geometry's (E)WKB when the caller has it already
+-- (the GeoJSON form), else NULL. p_properties: registered columns to set. p_record: record_edit,
+-- whose caller wrote the row itself (p_geom is then the stored geometry, NULL for updated and
+-- retired). Every failure is a class-22 (or 23505/42704/P0002/55000) error raised before anything
+-- is written.
+CREATE FUNCTION _edit(p_layer text, p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea,
+                      p_properties jsonb, p_record boolean) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
+    lay layer_registry;   -- the user layer (unset for the built-in one)
     v_res integer;        -- feature_outbox.h3_resolution
     v_srid integer;
     crs text;             -- auth_name:auth_srid of a source SRID other than 4326
-    g geometry;           -- the geometry to store, in EPSG:4326
+    g geometry;           -- the geometry, in EPSG:4326
     facts float8[];       -- _inspect_geometry: {crosses antimeridian, pole, west, south, east, north, resolution}
     shape geometry;       -- what the routing point is taken from
     back geometry;
@@ -99,19 +104,55 @@ DECLARE
     v_point float8[];      -- the routing point, {longitude, latitude}
     old_retired timestamptz;
     new_version integer;
+    reshaped boolean := false;  -- g is not just p_geom transformed (repaired, or rebuilt as a polar cap)
+    store geometry;       -- what a user layer's column gets, in its SRID
+    w text[];             -- _layer_write: {new version, row version}
+    fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
+    bad text;
+    n bigint;
 BEGIN
-    IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
+    IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
-            USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, retired.';
+            USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, updated, retired.';
     END IF;
     IF p_feature_id IS NULL THEN
         RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
     END IF;
+    IF p_layer IS DISTINCT FROM 'features' THEN
+        SELECT * INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+                HINT = format('Registered layers: %s. Add one with register_layer().',
+                              (SELECT string_agg(r.layer, ', ' ORDER BY r.layer) FROM layer_registry r));
+        END IF;
+    END IF;
+    IF p_properties IS NOT NULL THEN
+        IF jsonb_typeof(p_properties) <> 'object' THEN
+            RAISE EXCEPTION 'properties must be a JSON object, not %', jsonb_typeof(p_properties) USING ERRCODE = '22023',
+                HINT = 'Give the columns to set as keys, e.g. {"name": "Main St"}.';
+        END IF;
+        SELECT string_agg(quote_ident(k), ', ') INTO bad FROM jsonb_object_keys(p_properties) k
+         WHERE lay.layer IS NULL OR k <> ALL (lay.properties::text[]);
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'not a registered property of layer %: %', p_layer, bad USING ERRCODE = '22023',
+                HINT = CASE WHEN cardinality(lay.properties) > 0
+                            THEN format('Allowed keys: %s.', array_to_string(lay.properties, ', '))
+                            ELSE 'This layer has no registered properties; register_layer(..., properties => ...) lists them.' END;
+        END IF;
+        IF p_event_type = 'retired' AND lay.retired_column IS NULL THEN
+            RAISE EXCEPTION 'a retired event of layer % deletes the row, so it cannot set properties', p_layer
+                USING ERRCODE = '22023', HINT = 'Send an updated event first, or register the layer with a retired_column.';
+        END IF;
+    END IF;
+    IF p_event_type = 'updated' AND p_geom IS NOT NULL AND NOT p_record THEN
+        RAISE EXCEPTION 'an updated event changes attributes only, so its geometry must be NULL' USING ERRCODE = '22023',
+            HINT = 'Send a moved event to change the geometry.';
+    END IF;
 
     IF p_geom IS NULL THEN
-        IF p_event_type <> 'retired' THEN
+        IF p_event_type IN ('created', 'moved') THEN
             RAISE EXCEPTION 'geometry must not be NULL for a % event', p_event_type USING ERRCODE = '22004',
-                HINT = 'Only a retired event may omit the geometry; it then keeps the last one.';
+                HINT = 'Only retired and updated events may omit the geometry; they keep the last one.';
         END IF;
         v_res := current_setting('feature_outbox.h3_resolution')::integer;
     ELSE
@@ -173,6 +214,7 @@ BEGIN
                 END IF;
                 facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);
                 p := ST_Transform(ST_PointOnSurface(p_geom), 4326);
+                reshaped := true;
             END IF;
         END IF;
 
@@ -189,6 +231,7 @@ BEGIN
                 WHEN 'repair' THEN
                     g := ST_MakeValid(g);
                     shape := g;
+                    reshaped := true;
                     facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);  -- the stored shape's box
                 ELSE
                     -- accept: store as given; route on a made-valid copy, crossing as that copy has it
@@ -206,36 +249,174 @@ BEGIN
         new_key := _h3_cell(v_point[1], v_point[2], v_res);
     END IF;
 
-    IF p_event_type = 'created' THEN
-        WITH f AS (
-            INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
-            ON CONFLICT (id) DO NOTHING
-            RETURNING f.version
-        )
-        INSERT INTO outbox (feature_id, feature_version, event_type, routing_key)
-        SELECT p_feature_id, f.version, 'created', new_key FROM f
-        RETURNING feature_version INTO new_version;
-        IF new_version IS NULL THEN
-            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
-            IF old_retired IS NOT NULL THEN
-                RAISE EXCEPTION 'feature % already exists and is retired', p_feature_id USING ERRCODE = '23505',
-                    DETAIL = format('It was retired at %s.', old_retired),
-                    HINT = 'Ids of retired features are not reused, and a retired feature takes no edits: create it under a new id.';
+    IF lay.layer IS NULL THEN
+        IF p_event_type = 'created' THEN
+            WITH f AS (
+                INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
+                ON CONFLICT (id) DO NOTHING
+                RETURNING f.version
+            )
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
+            SELECT p_feature_id, f.version, 'created', new_key, 'features' FROM f
+            RETURNING feature_version INTO new_version;
+            IF new_version IS NULL THEN
+                SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
+                IF old_retired IS NOT NULL THEN
+                    RAISE EXCEPTION 'feature % already exists and is retired', p_feature_id USING ERRCODE = '23505',
+                        DETAIL = format('It was retired at %s.', old_retired),
+                        HINT = 'Ids of retired features are not reused, and a retired feature takes no edits: create it under a new id.';
+                END IF;
+                RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
+                    HINT = 'Send a moved event to change it.';
             END IF;
-            RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
-                HINT = 'Send a moved event to change it.';
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
+            ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
+               SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
+                   routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
+                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
+        ELSE
+            FOR attempt IN 1..2 LOOP
+                -- One statement writes state, feature and outbox row. The state row goes first: its lock
+                -- orders the edits of this feature, and RETURNING hands back the state the last committed
+                -- edit left. A retired event without a geometry keeps the last one, and its state.
+                WITH st AS (
+                    UPDATE feature_state s
+                       SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
+                           previous_routing_point = s.routing_point, previous_bbox = s.bbox,
+                           routing_key = coalesce(new_key, s.routing_key),
+                           h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
+                           routing_point = coalesce(v_point, s.routing_point),
+                           bbox = coalesce(facts[3:6], s.bbox)
+                     WHERE s.layer = 'features' AND s.feature_id = p_feature_id
+                    RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
+                                   -- the resolution changed since: the old routing point at the new one
+                                   ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
+                              END AS previous_key
+                ), f AS (
+                    UPDATE features f
+                       SET geom = coalesce(g, f.geom),
+                           version = f.version + 1,
+                           updated_at = now(),
+                           retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
+                      FROM st
+                     WHERE f.id = p_feature_id AND f.retired_at IS NULL
+                    RETURNING f.version, st.previous_key
+                )
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
+                SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features' FROM f
+                RETURNING feature_version INTO new_version;
+                EXIT WHEN new_version IS NOT NULL;
+
+                -- Nothing written: the feature is missing or retired, or has no state yet. Raising
+                -- undoes the state update above.
+                SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
+                        HINT = 'Send a created event first.';
+                ELSIF old_retired IS NOT NULL THEN
+                    RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
+                        DETAIL = format('It was retired at %s.', old_retired),
+                        HINT = 'A retired feature takes no further edits; create a new feature id.';
+                ELSIF attempt = 2 THEN
+                    RAISE EXCEPTION 'feature % has no routing state after it was filled in', p_feature_id
+                        USING ERRCODE = 'XX000';
+                END IF;
+                -- Written before 0.2.0: fill its state from the stored geometry (under the row lock
+                -- just taken), then write the edit as above.
+                INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+                SELECT 'features', f.id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
+                       (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6]
+                  FROM features f, _routing_point(f.geom) q  -- the point comes wrapped to [-180, 180]
+                 WHERE f.id = p_feature_id
+                ON CONFLICT (layer, feature_id) DO NOTHING;
+            END LOOP;
         END IF;
-        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-        VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
-        ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
-           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
-               routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
-               previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
     ELSE
-        FOR attempt IN 1..2 LOOP
-            -- One statement writes state, feature and outbox row. The state row goes first: its lock
-            -- orders the edits of this feature, and RETURNING hands back the state the last committed
-            -- edit left. A retired event without a geometry keeps the last one, and its state.
+        -- A user layer. Its row is written by _layer_write with the calling role's rights; the state
+        -- and outbox rows here, as the owner. The row's lock orders concurrent edits of one feature.
+        IF g IS NOT NULL AND (NOT p_record OR reshaped) THEN
+            -- The column's SRID: the input as given when it is in it already, else transformed.
+            store := CASE WHEN v_srid = lay.srid AND NOT reshaped THEN p_geom ELSE ST_Transform(g, lay.srid) END;
+            IF lay.geometry_type <> 'Geometry' AND GeometryType(store) <> upper(lay.geometry_type) THEN
+                RAISE EXCEPTION 'layer % stores %, not %', p_layer, lay.geometry_type, substr(ST_GeometryType(store), 4)
+                    USING ERRCODE = '22023', HINT = CASE WHEN reshaped
+                          THEN 'ST_MakeValid (feature_outbox.invalid_geometry = repair) changed its type; repair it yourself, or set invalid_geometry = accept or reject.'
+                          ELSE format('Its column %I is declared geometry(%s, %s).', lay.geometry_column, lay.geometry_type, lay.srid) END;
+            END IF;
+        END IF;
+        fresh := p_event_type = 'created';
+        IF NOT fresh THEN
+            PERFORM 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id;
+            IF NOT FOUND THEN
+                IF p_record AND p_geom IS NOT NULL THEN
+                    -- The row holds the new geometry already: the one before it is unknown.
+                    fresh := true;
+                ELSE
+                    -- A row written before the layer was registered: its state, from its stored geometry.
+                    BEGIN
+                        EXECUTE format('SELECT ST_Transform(t.%I, 4326) FROM %s t WHERE t.%I = $1',
+                                       lay.geometry_column, lay.tbl, lay.id_column) INTO shape USING p_feature_id;
+                        IF shape IS NOT NULL THEN
+                            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+                            SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
+                                   (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+                              FROM _routing_point(shape) q
+                            ON CONFLICT (layer, feature_id) DO NOTHING;
+                        END IF;
+                    EXCEPTION WHEN data_exception THEN
+                        -- A stored geometry the edit path would refuse: no previous key, as for created.
+                        IF new_key IS NULL THEN
+                            RAISE;
+                        END IF;
+                        fresh := true;
+                    END;
+                    IF shape IS NULL THEN
+                        fresh := true;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+
+        w := _layer_write(CASE WHEN p_record THEN 'record_' || p_event_type
+                               WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
+                               ELSE p_event_type END,
+                          lay.tbl::text, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
+                          p_feature_id, store, p_properties);
+        IF w IS NULL THEN
+            EXECUTE format('SELECT %s FROM %s t WHERE t.%I = $1',
+                           coalesce(format('t.%I', lay.retired_column), 'NULL::timestamptz'), lay.tbl, lay.id_column)
+               INTO old_retired USING p_feature_id;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            IF p_event_type = 'created' AND n > 0 THEN
+                RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = format('feature %s already exists in layer %s%s',
+                    p_feature_id, p_layer, CASE WHEN old_retired IS NOT NULL THEN ' and is retired' ELSE '' END),
+                    HINT = 'Send a moved or updated event to change it; ids of retired features are not reused.';
+            ELSIF old_retired IS NOT NULL THEN
+                RAISE EXCEPTION 'feature % of layer % is retired', p_feature_id, p_layer USING ERRCODE = '55000',
+                    DETAIL = format('It was retired at %s.', old_retired),
+                    HINT = 'A retired feature takes no further edits; create a new feature id.';
+            END IF;
+            RAISE EXCEPTION 'feature % does not exist in layer %', p_feature_id, p_layer USING ERRCODE = 'P0002',
+                HINT = 'Send a created event first.';
+        END IF;
+        new_version := w[1]::integer;
+        IF fresh AND new_key IS NULL THEN
+            RAISE EXCEPTION 'feature % of layer % has no geometry to route its event by', p_feature_id, p_layer
+                USING ERRCODE = '22004', HINT = 'Send a moved event with its geometry.';
+        END IF;
+
+        IF fresh THEN
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version)
+            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2])
+            ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
+               SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
+                   routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
+                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL,
+                   row_version = EXCLUDED.row_version;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
+            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer);
+        ELSE
             WITH st AS (
                 UPDATE feature_state s
                    SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
@@ -243,50 +424,21 @@ BEGIN
                        routing_key = coalesce(new_key, s.routing_key),
                        h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                        routing_point = coalesce(v_point, s.routing_point),
-                       bbox = coalesce(facts[3:6], s.bbox)
-                 WHERE s.layer = 'features' AND s.feature_id = p_feature_id
-                RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
-                               -- the resolution changed since: the old routing point at the new one
+                       bbox = coalesce(facts[3:6], s.bbox),
+                       row_version = w[2]
+                 WHERE s.layer = p_layer AND s.feature_id = p_feature_id
+                RETURNING s.routing_key,
+                          CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
                           END AS previous_key
-            ), f AS (
-                UPDATE features f
-                   SET geom = coalesce(g, f.geom),
-                       version = f.version + 1,
-                       updated_at = now(),
-                       retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
-                  FROM st
-                 WHERE f.id = p_feature_id AND f.retired_at IS NULL
-                RETURNING f.version, st.previous_key
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
-            SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key FROM f
-            RETURNING feature_version INTO new_version;
-            EXIT WHEN new_version IS NOT NULL;
-
-            -- Nothing written: the feature is missing or retired, or has no state yet. Raising
-            -- undoes the state update above.
-            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
-                    HINT = 'Send a created event first.';
-            ELSIF old_retired IS NOT NULL THEN
-                RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
-                    DETAIL = format('It was retired at %s.', old_retired),
-                    HINT = 'A retired feature takes no further edits; create a new feature id.';
-            ELSIF attempt = 2 THEN
-                RAISE EXCEPTION 'feature % has no routing state after it was filled in', p_feature_id
-                    USING ERRCODE = 'XX000';
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
+            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer FROM st;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            IF n = 0 THEN
+                RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';
             END IF;
-            -- Written before 0.2.0: fill its state from the stored geometry (under the row lock
-            -- just taken), then write the edit as above.
-            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-            SELECT 'features', f.id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-                   (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6]
-              FROM features f, _routing_point(f.geom) q  -- the point comes wrapped to [-180, 180]
-             WHERE f.id = p_feature_id
-            ON CONFLICT (layer, feature_id) DO NOTHING;
-        END LOOP;
+        END IF;
     END IF;
 
     PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
@@ -300,20 +452,97 @@ AS $$
 DECLARE
     wkb bytea := _geojson_to_ewkb($2);
 BEGIN
-    RETURN _edit($1, ST_GeomFromEWKB(wkb), $3, wkb);
+    RETURN _edit('features', $1, ST_GeomFromEWKB(wkb), $3, wkb, NULL, false);
 END
 $$;
 COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
-    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: GeoJSON geometry '
-    '(RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | retired. Returns the new version.';
+    'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: GeoJSON '
+    'geometry (RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | updated | retired. Returns the new version.';
 
 CREATE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 BEGIN
-    RETURN _edit($1, $2, $3, NULL);
+    RETURN _edit('features', $1, $2, $3, NULL, NULL, false);
 END
 $$;
 COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
-    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: any known SRID, '
-    'transformed to 4326; event_type: created | moved | retired. Returns the new version.';
+    'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
+    'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';
+
+-- A user layer's forms. The row is written with the caller's own rights (edit/layers.rs); the
+-- outbox row, which no role may write directly, as the owner.
+CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    wkb bytea := CASE WHEN $3 IS NOT NULL THEN _geojson_to_ewkb($3) END;
+BEGIN
+    RETURN _edit($1, $2, ST_GeomFromEWKB(wkb), $4, wkb, $5, false);
+END
+$$;
+COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
+    'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: GeoJSON (RFC 7946), '
+    'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
+    '| retired. properties: registered columns to set. Returns the new version.';
+
+CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+BEGIN
+    RETURN _edit($1, $2, $3, $4, NULL, $5, false);
+END
+$$;
+COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
+    'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: any known SRID, stored '
+    'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
+    'retired. properties: registered columns to set. Returns the new version.';
+
+-- For applications whose ORM writes the row itself: called after that write, in the same
+-- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
+-- recorded, so no role can invent an event for a change that did not happen.
+CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    lay layer_registry;
+    r record;
+    n bigint;
+BEGIN
+    IF layer = 'features' THEN
+        RAISE EXCEPTION 'record_edit serves user layers' USING ERRCODE = '22023',
+            HINT = 'The built-in layer features is written by edit_feature(feature_id, geometry, event_type).';
+    END IF;
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = record_edit.layer;
+    IF NOT FOUND OR feature_id IS NULL OR event_type IS NULL
+       OR event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
+        RETURN _edit(layer, feature_id, NULL, event_type, NULL, NULL, true);  -- raises the input's error
+    END IF;
+    EXECUTE format('SELECT t.xmin AS xmin, t.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text AS row_version, '
+                   't.%I AS geom FROM %s t WHERE t.%I = $1', lay.geometry_column, lay.tbl, lay.id_column)
+       INTO r USING feature_id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n = 0 THEN
+        RAISE EXCEPTION 'feature % does not exist in layer %', feature_id, layer USING ERRCODE = 'P0002',
+            HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction.';
+    END IF;
+    -- A retired event makes its change itself (sets the retired column, or deletes the row).
+    IF event_type <> 'retired' AND NOT _written_by_this_transaction(r.xmin) THEN
+        RAISE EXCEPTION 'feature % of layer % was not written by this transaction', feature_id, layer
+            USING ERRCODE = '55000',
+            HINT = 'record_edit records a change this transaction made: write the row first, then call it before COMMIT.';
+    END IF;
+    IF r.row_version = (SELECT s.row_version FROM feature_state s WHERE s.layer = record_edit.layer
+                                                                   AND s.feature_id = record_edit.feature_id) THEN
+        RAISE EXCEPTION 'the current row of feature % of layer % has its event already', feature_id, layer
+            USING ERRCODE = '55000', HINT = 'Write the row again before recording another event for it.';
+    END IF;
+    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r.geom END, event_type, NULL, NULL, true);
+END
+$$;
+COMMENT ON FUNCTION record_edit(text, bigint, text) IS
+    'Records the event of a row the application wrote itself in this transaction: sets its version (1 for created, +1 '
+    'otherwise) and writes the outbox row, routed on the row''s geometry. retired deletes the row when the layer has no '
+    'retired_column. Returns the new version. Refuses (55000) a row this transaction did not write since its last event.';

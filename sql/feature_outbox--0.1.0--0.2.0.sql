@@ -40,6 +40,9 @@ CREATE TABLE feature_state (
     previous_h3_resolution  smallint,
     previous_routing_point  float8[],
     previous_bbox           float8[],
+    -- The user-table row version (tableoid:ctid:xmin) the last event was recorded for, so that
+    -- record_edit refuses a second event for an unchanged row. NULL for the built-in layer.
+    row_version             text,
     PRIMARY KEY (layer, feature_id)
 );
 COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution, routing point and bounding box, now and before the last edit.';
@@ -127,14 +130,45 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION _edit(p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea) RETURNS integer
+-- The user-table write (with the caller's rights) and record_edit's check (src/edit/layers.rs).
+CREATE  FUNCTION "_layer_write"(
+	"op" TEXT, /* & str */
+	"tbl" TEXT, /* & str */
+	"id_column" TEXT, /* & str */
+	"geometry_column" TEXT, /* & str */
+	"version_column" TEXT, /* & str */
+	"retired_column" TEXT, /* Option < & str > */
+	"feature_id" bigint, /* i64 */
+	"geometry" anyelement, /* Option < AnyElement > */
+	"properties" jsonb /* Option < JsonB > */
+) RETURNS TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
+VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_layer_write_wrapper';
+
+CREATE  FUNCTION "_written_by_this_transaction"(
+	"xmin" xid /* pg_sys :: TransactionId */
+) RETURNS bool /* bool */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_written_by_this_transaction_wrapper';
+
+-- The write path behind every edit_feature form and record_edit. p_layer: a registered layer
+-- ('features' is the built-in table). p_wkb: the geometry's (E)WKB when the caller has it already
+-- (the GeoJSON form), else NULL. p_properties: registered columns to set. p_record: record_edit,
+-- whose caller wrote the row itself (p_geom is then the stored geometry, NULL for updated and
+-- retired). Every failure is a class-22 (or 23505/42704/P0002/55000) error raised before anything
+-- is written.
+CREATE FUNCTION _edit(p_layer text, p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea,
+                      p_properties jsonb, p_record boolean) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
+    lay layer_registry;   -- the user layer (unset for the built-in one)
     v_res integer;        -- feature_outbox.h3_resolution
     v_srid integer;
     crs text;             -- auth_name:auth_srid of a source SRID other than 4326
-    g geometry;           -- the geometry to store, in EPSG:4326
+    g geometry;           -- the geometry, in EPSG:4326
     facts float8[];       -- _inspect_geometry: {crosses antimeridian, pole, west, south, east, north, resolution}
     shape geometry;       -- what the routing point is taken from
     back geometry;
@@ -144,19 +178,55 @@ DECLARE
     v_point float8[];      -- the routing point, {longitude, latitude}
     old_retired timestamptz;
     new_version integer;
+    reshaped boolean := false;  -- g is not just p_geom transformed (repaired, or rebuilt as a polar cap)
+    store geometry;       -- what a user layer's column gets, in its SRID
+    w text[];             -- _layer_write: {new version, row version}
+    fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
+    bad text;
+    n bigint;
 BEGIN
-    IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired') THEN
+    IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
-            USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, retired.';
+            USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, updated, retired.';
     END IF;
     IF p_feature_id IS NULL THEN
         RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
     END IF;
+    IF p_layer IS DISTINCT FROM 'features' THEN
+        SELECT * INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+                HINT = format('Registered layers: %s. Add one with register_layer().',
+                              (SELECT string_agg(r.layer, ', ' ORDER BY r.layer) FROM layer_registry r));
+        END IF;
+    END IF;
+    IF p_properties IS NOT NULL THEN
+        IF jsonb_typeof(p_properties) <> 'object' THEN
+            RAISE EXCEPTION 'properties must be a JSON object, not %', jsonb_typeof(p_properties) USING ERRCODE = '22023',
+                HINT = 'Give the columns to set as keys, e.g. {"name": "Main St"}.';
+        END IF;
+        SELECT string_agg(quote_ident(k), ', ') INTO bad FROM jsonb_object_keys(p_properties) k
+         WHERE lay.layer IS NULL OR k <> ALL (lay.properties::text[]);
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'not a registered property of layer %: %', p_layer, bad USING ERRCODE = '22023',
+                HINT = CASE WHEN cardinality(lay.properties) > 0
+                            THEN format('Allowed keys: %s.', array_to_string(lay.properties, ', '))
+                            ELSE 'This layer has no registered properties; register_layer(..., properties => ...) lists them.' END;
+        END IF;
+        IF p_event_type = 'retired' AND lay.retired_column IS NULL THEN
+            RAISE EXCEPTION 'a retired event of layer % deletes the row, so it cannot set properties', p_layer
+                USING ERRCODE = '22023', HINT = 'Send an updated event first, or register the layer with a retired_column.';
+        END IF;
+    END IF;
+    IF p_event_type = 'updated' AND p_geom IS NOT NULL AND NOT p_record THEN
+        RAISE EXCEPTION 'an updated event changes attributes only, so its geometry must be NULL' USING ERRCODE = '22023',
+            HINT = 'Send a moved event to change the geometry.';
+    END IF;
 
     IF p_geom IS NULL THEN
-        IF p_event_type <> 'retired' THEN
+        IF p_event_type IN ('created', 'moved') THEN
             RAISE EXCEPTION 'geometry must not be NULL for a % event', p_event_type USING ERRCODE = '22004',
-                HINT = 'Only a retired event may omit the geometry; it then keeps the last one.';
+                HINT = 'Only retired and updated events may omit the geometry; they keep the last one.';
         END IF;
         v_res := current_setting('feature_outbox.h3_resolution')::integer;
     ELSE
@@ -218,6 +288,7 @@ BEGIN
                 END IF;
                 facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);
                 p := ST_Transform(ST_PointOnSurface(p_geom), 4326);
+                reshaped := true;
             END IF;
         END IF;
 
@@ -234,6 +305,7 @@ BEGIN
                 WHEN 'repair' THEN
                     g := ST_MakeValid(g);
                     shape := g;
+                    reshaped := true;
                     facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);  -- the stored shape's box
                 ELSE
                     -- accept: store as given; route on a made-valid copy, crossing as that copy has it
@@ -251,36 +323,174 @@ BEGIN
         new_key := _h3_cell(v_point[1], v_point[2], v_res);
     END IF;
 
-    IF p_event_type = 'created' THEN
-        WITH f AS (
-            INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
-            ON CONFLICT (id) DO NOTHING
-            RETURNING f.version
-        )
-        INSERT INTO outbox (feature_id, feature_version, event_type, routing_key)
-        SELECT p_feature_id, f.version, 'created', new_key FROM f
-        RETURNING feature_version INTO new_version;
-        IF new_version IS NULL THEN
-            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
-            IF old_retired IS NOT NULL THEN
-                RAISE EXCEPTION 'feature % already exists and is retired', p_feature_id USING ERRCODE = '23505',
-                    DETAIL = format('It was retired at %s.', old_retired),
-                    HINT = 'Ids of retired features are not reused, and a retired feature takes no edits: create it under a new id.';
+    IF lay.layer IS NULL THEN
+        IF p_event_type = 'created' THEN
+            WITH f AS (
+                INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
+                ON CONFLICT (id) DO NOTHING
+                RETURNING f.version
+            )
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
+            SELECT p_feature_id, f.version, 'created', new_key, 'features' FROM f
+            RETURNING feature_version INTO new_version;
+            IF new_version IS NULL THEN
+                SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
+                IF old_retired IS NOT NULL THEN
+                    RAISE EXCEPTION 'feature % already exists and is retired', p_feature_id USING ERRCODE = '23505',
+                        DETAIL = format('It was retired at %s.', old_retired),
+                        HINT = 'Ids of retired features are not reused, and a retired feature takes no edits: create it under a new id.';
+                END IF;
+                RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
+                    HINT = 'Send a moved event to change it.';
             END IF;
-            RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
-                HINT = 'Send a moved event to change it.';
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
+            ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
+               SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
+                   routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
+                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
+        ELSE
+            FOR attempt IN 1..2 LOOP
+                -- One statement writes state, feature and outbox row. The state row goes first: its lock
+                -- orders the edits of this feature, and RETURNING hands back the state the last committed
+                -- edit left. A retired event without a geometry keeps the last one, and its state.
+                WITH st AS (
+                    UPDATE feature_state s
+                       SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
+                           previous_routing_point = s.routing_point, previous_bbox = s.bbox,
+                           routing_key = coalesce(new_key, s.routing_key),
+                           h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
+                           routing_point = coalesce(v_point, s.routing_point),
+                           bbox = coalesce(facts[3:6], s.bbox)
+                     WHERE s.layer = 'features' AND s.feature_id = p_feature_id
+                    RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
+                                   -- the resolution changed since: the old routing point at the new one
+                                   ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
+                              END AS previous_key
+                ), f AS (
+                    UPDATE features f
+                       SET geom = coalesce(g, f.geom),
+                           version = f.version + 1,
+                           updated_at = now(),
+                           retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
+                      FROM st
+                     WHERE f.id = p_feature_id AND f.retired_at IS NULL
+                    RETURNING f.version, st.previous_key
+                )
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
+                SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features' FROM f
+                RETURNING feature_version INTO new_version;
+                EXIT WHEN new_version IS NOT NULL;
+
+                -- Nothing written: the feature is missing or retired, or has no state yet. Raising
+                -- undoes the state update above.
+                SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
+                        HINT = 'Send a created event first.';
+                ELSIF old_retired IS NOT NULL THEN
+                    RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
+                        DETAIL = format('It was retired at %s.', old_retired),
+                        HINT = 'A retired feature takes no further edits; create a new feature id.';
+                ELSIF attempt = 2 THEN
+                    RAISE EXCEPTION 'feature % has no routing state after it was filled in', p_feature_id
+                        USING ERRCODE = 'XX000';
+                END IF;
+                -- Written before 0.2.0: fill its state from the stored geometry (under the row lock
+                -- just taken), then write the edit as above.
+                INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+                SELECT 'features', f.id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
+                       (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6]
+                  FROM features f, _routing_point(f.geom) q  -- the point comes wrapped to [-180, 180]
+                 WHERE f.id = p_feature_id
+                ON CONFLICT (layer, feature_id) DO NOTHING;
+            END LOOP;
         END IF;
-        INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-        VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
-        ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
-           SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
-               routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
-               previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
     ELSE
-        FOR attempt IN 1..2 LOOP
-            -- One statement writes state, feature and outbox row. The state row goes first: its lock
-            -- orders the edits of this feature, and RETURNING hands back the state the last committed
-            -- edit left. A retired event without a geometry keeps the last one, and its state.
+        -- A user layer. Its row is written by _layer_write with the calling role's rights; the state
+        -- and outbox rows here, as the owner. The row's lock orders concurrent edits of one feature.
+        IF g IS NOT NULL AND (NOT p_record OR reshaped) THEN
+            -- The column's SRID: the input as given when it is in it already, else transformed.
+            store := CASE WHEN v_srid = lay.srid AND NOT reshaped THEN p_geom ELSE ST_Transform(g, lay.srid) END;
+            IF lay.geometry_type <> 'Geometry' AND GeometryType(store) <> upper(lay.geometry_type) THEN
+                RAISE EXCEPTION 'layer % stores %, not %', p_layer, lay.geometry_type, substr(ST_GeometryType(store), 4)
+                    USING ERRCODE = '22023', HINT = CASE WHEN reshaped
+                          THEN 'ST_MakeValid (feature_outbox.invalid_geometry = repair) changed its type; repair it yourself, or set invalid_geometry = accept or reject.'
+                          ELSE format('Its column %I is declared geometry(%s, %s).', lay.geometry_column, lay.geometry_type, lay.srid) END;
+            END IF;
+        END IF;
+        fresh := p_event_type = 'created';
+        IF NOT fresh THEN
+            PERFORM 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id;
+            IF NOT FOUND THEN
+                IF p_record AND p_geom IS NOT NULL THEN
+                    -- The row holds the new geometry already: the one before it is unknown.
+                    fresh := true;
+                ELSE
+                    -- A row written before the layer was registered: its state, from its stored geometry.
+                    BEGIN
+                        EXECUTE format('SELECT ST_Transform(t.%I, 4326) FROM %s t WHERE t.%I = $1',
+                                       lay.geometry_column, lay.tbl, lay.id_column) INTO shape USING p_feature_id;
+                        IF shape IS NOT NULL THEN
+                            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+                            SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
+                                   (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+                              FROM _routing_point(shape) q
+                            ON CONFLICT (layer, feature_id) DO NOTHING;
+                        END IF;
+                    EXCEPTION WHEN data_exception THEN
+                        -- A stored geometry the edit path would refuse: no previous key, as for created.
+                        IF new_key IS NULL THEN
+                            RAISE;
+                        END IF;
+                        fresh := true;
+                    END;
+                    IF shape IS NULL THEN
+                        fresh := true;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+
+        w := _layer_write(CASE WHEN p_record THEN 'record_' || p_event_type
+                               WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
+                               ELSE p_event_type END,
+                          lay.tbl::text, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
+                          p_feature_id, store, p_properties);
+        IF w IS NULL THEN
+            EXECUTE format('SELECT %s FROM %s t WHERE t.%I = $1',
+                           coalesce(format('t.%I', lay.retired_column), 'NULL::timestamptz'), lay.tbl, lay.id_column)
+               INTO old_retired USING p_feature_id;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            IF p_event_type = 'created' AND n > 0 THEN
+                RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = format('feature %s already exists in layer %s%s',
+                    p_feature_id, p_layer, CASE WHEN old_retired IS NOT NULL THEN ' and is retired' ELSE '' END),
+                    HINT = 'Send a moved or updated event to change it; ids of retired features are not reused.';
+            ELSIF old_retired IS NOT NULL THEN
+                RAISE EXCEPTION 'feature % of layer % is retired', p_feature_id, p_layer USING ERRCODE = '55000',
+                    DETAIL = format('It was retired at %s.', old_retired),
+                    HINT = 'A retired feature takes no further edits; create a new feature id.';
+            END IF;
+            RAISE EXCEPTION 'feature % does not exist in layer %', p_feature_id, p_layer USING ERRCODE = 'P0002',
+                HINT = 'Send a created event first.';
+        END IF;
+        new_version := w[1]::integer;
+        IF fresh AND new_key IS NULL THEN
+            RAISE EXCEPTION 'feature % of layer % has no geometry to route its event by', p_feature_id, p_layer
+                USING ERRCODE = '22004', HINT = 'Send a moved event with its geometry.';
+        END IF;
+
+        IF fresh THEN
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version)
+            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2])
+            ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
+               SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
+                   routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
+                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL,
+                   row_version = EXCLUDED.row_version;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
+            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer);
+        ELSE
             WITH st AS (
                 UPDATE feature_state s
                    SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
@@ -288,50 +498,21 @@ BEGIN
                        routing_key = coalesce(new_key, s.routing_key),
                        h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                        routing_point = coalesce(v_point, s.routing_point),
-                       bbox = coalesce(facts[3:6], s.bbox)
-                 WHERE s.layer = 'features' AND s.feature_id = p_feature_id
-                RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
-                               -- the resolution changed since: the old routing point at the new one
+                       bbox = coalesce(facts[3:6], s.bbox),
+                       row_version = w[2]
+                 WHERE s.layer = p_layer AND s.feature_id = p_feature_id
+                RETURNING s.routing_key,
+                          CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
                           END AS previous_key
-            ), f AS (
-                UPDATE features f
-                   SET geom = coalesce(g, f.geom),
-                       version = f.version + 1,
-                       updated_at = now(),
-                       retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
-                  FROM st
-                 WHERE f.id = p_feature_id AND f.retired_at IS NULL
-                RETURNING f.version, st.previous_key
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key)
-            SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key FROM f
-            RETURNING feature_version INTO new_version;
-            EXIT WHEN new_version IS NOT NULL;
-
-            -- Nothing written: the feature is missing or retired, or has no state yet. Raising
-            -- undoes the state update above.
-            SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id FOR UPDATE;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'feature % does not exist', p_feature_id USING ERRCODE = 'P0002',
-                    HINT = 'Send a created event first.';
-            ELSIF old_retired IS NOT NULL THEN
-                RAISE EXCEPTION 'feature % is retired', p_feature_id USING ERRCODE = '55000',
-                    DETAIL = format('It was retired at %s.', old_retired),
-                    HINT = 'A retired feature takes no further edits; create a new feature id.';
-            ELSIF attempt = 2 THEN
-                RAISE EXCEPTION 'feature % has no routing state after it was filled in', p_feature_id
-                    USING ERRCODE = 'XX000';
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
+            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer FROM st;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            IF n = 0 THEN
+                RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';
             END IF;
-            -- Written before 0.2.0: fill its state from the stored geometry (under the row lock
-            -- just taken), then write the edit as above.
-            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-            SELECT 'features', f.id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-                   (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6]
-              FROM features f, _routing_point(f.geom) q  -- the point comes wrapped to [-180, 180]
-             WHERE f.id = p_feature_id
-            ON CONFLICT (layer, feature_id) DO NOTHING;
-        END LOOP;
+        END IF;
     END IF;
 
     PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
@@ -345,28 +526,319 @@ AS $$
 DECLARE
     wkb bytea := _geojson_to_ewkb($2);
 BEGIN
-    RETURN _edit($1, ST_GeomFromEWKB(wkb), $3, wkb);
+    RETURN _edit('features', $1, ST_GeomFromEWKB(wkb), $3, wkb, NULL, false);
 END
 $$;
 COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
-    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: GeoJSON geometry '
-    '(RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | retired. Returns the new version.';
+    'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: GeoJSON '
+    'geometry (RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | updated | retired. Returns the new version.';
 
 CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 BEGIN
-    RETURN _edit($1, $2, $3, NULL);
+    RETURN _edit('features', $1, $2, $3, NULL, NULL, false);
 END
 $$;
 COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
-    'Writes a feature edit and its outbox row in the caller''s transaction. geometry: any known SRID, '
-    'transformed to 4326; event_type: created | moved | retired. Returns the new version.';
-REVOKE ALL ON FUNCTION _edit(bigint, geometry, text, bytea) FROM PUBLIC;
+    'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
+    'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';
+
+-- A user layer's forms. The row is written with the caller's own rights (edit/layers.rs); the
+-- outbox row, which no role may write directly, as the owner.
+CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    wkb bytea := CASE WHEN $3 IS NOT NULL THEN _geojson_to_ewkb($3) END;
+BEGIN
+    RETURN _edit($1, $2, ST_GeomFromEWKB(wkb), $4, wkb, $5, false);
+END
+$$;
+COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
+    'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: GeoJSON (RFC 7946), '
+    'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
+    '| retired. properties: registered columns to set. Returns the new version.';
+
+CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+BEGIN
+    RETURN _edit($1, $2, $3, $4, NULL, $5, false);
+END
+$$;
+COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
+    'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: any known SRID, stored '
+    'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
+    'retired. properties: registered columns to set. Returns the new version.';
+
+-- For applications whose ORM writes the row itself: called after that write, in the same
+-- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
+-- recorded, so no role can invent an event for a change that did not happen.
+CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    lay layer_registry;
+    r record;
+    n bigint;
+BEGIN
+    IF layer = 'features' THEN
+        RAISE EXCEPTION 'record_edit serves user layers' USING ERRCODE = '22023',
+            HINT = 'The built-in layer features is written by edit_feature(feature_id, geometry, event_type).';
+    END IF;
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = record_edit.layer;
+    IF NOT FOUND OR feature_id IS NULL OR event_type IS NULL
+       OR event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
+        RETURN _edit(layer, feature_id, NULL, event_type, NULL, NULL, true);  -- raises the input's error
+    END IF;
+    EXECUTE format('SELECT t.xmin AS xmin, t.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text AS row_version, '
+                   't.%I AS geom FROM %s t WHERE t.%I = $1', lay.geometry_column, lay.tbl, lay.id_column)
+       INTO r USING feature_id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n = 0 THEN
+        RAISE EXCEPTION 'feature % does not exist in layer %', feature_id, layer USING ERRCODE = 'P0002',
+            HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction.';
+    END IF;
+    -- A retired event makes its change itself (sets the retired column, or deletes the row).
+    IF event_type <> 'retired' AND NOT _written_by_this_transaction(r.xmin) THEN
+        RAISE EXCEPTION 'feature % of layer % was not written by this transaction', feature_id, layer
+            USING ERRCODE = '55000',
+            HINT = 'record_edit records a change this transaction made: write the row first, then call it before COMMIT.';
+    END IF;
+    IF r.row_version = (SELECT s.row_version FROM feature_state s WHERE s.layer = record_edit.layer
+                                                                   AND s.feature_id = record_edit.feature_id) THEN
+        RAISE EXCEPTION 'the current row of feature % of layer % has its event already', feature_id, layer
+            USING ERRCODE = '55000', HINT = 'Write the row again before recording another event for it.';
+    END IF;
+    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r.geom END, event_type, NULL, NULL, true);
+END
+$$;
+COMMENT ON FUNCTION record_edit(text, bigint, text) IS
+    'Records the event of a row the application wrote itself in this transaction: sets its version (1 for created, +1 '
+    'otherwise) and writes the outbox row, routed on the row''s geometry. retired deletes the row when the layer has no '
+    'retired_column. Returns the new version. Refuses (55000) a row this transaction did not write since its last event.';
+
+REVOKE ALL ON FUNCTION edit_feature(text, bigint, text, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION record_edit(text, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _layer_write(text, text, text, text, text, text, bigint, anyelement, jsonb) FROM PUBLIC;
 
 DROP FUNCTION _check_coordinates(bytea, boolean);
 DROP FUNCTION _crosses_antimeridian(bytea);
 DROP FUNCTION _routing_cell(bytea);
+
+-- Layers: the user's own tables (sql/layers.sql) ------------------------------------------------
+
+-- Every outbox row names its layer; rows written before are the built-in table's. A constant
+-- default fills the existing rows without rewriting the outbox (PostgreSQL 11+), then goes.
+ALTER TABLE outbox ADD COLUMN layer text NOT NULL DEFAULT 'features';
+ALTER TABLE outbox ALTER COLUMN layer DROP DEFAULT;
+ALTER TABLE outbox ALTER COLUMN schema_version SET DEFAULT 3;
+-- A wider CHECK: every existing row passes it, so NOT VALID then VALIDATE holds no long lock.
+ALTER TABLE outbox DROP CONSTRAINT outbox_event_type_check;
+ALTER TABLE outbox ADD CONSTRAINT outbox_event_type_check
+    CHECK (event_type IN ('created', 'moved', 'retired', 'updated')) NOT VALID;
+ALTER TABLE outbox VALIDATE CONSTRAINT outbox_event_type_check;
+
+-- The layers: tables whose rows edit_feature and record_edit write events for. The built-in table is
+-- the layer 'features'; register_layer adds the user's own (sql/layers.sql).
+CREATE TABLE layer_registry (
+    layer            text     PRIMARY KEY CHECK (layer ~ '^[a-z0-9_-]{1,64}$'),  -- a NATS subject token
+    tbl              regclass NOT NULL,
+    id_column        name     NOT NULL,
+    geometry_column  name     NOT NULL,
+    version_column   name     NOT NULL,
+    properties       name[]   NOT NULL DEFAULT '{}',
+    retired_column   name,                -- NULL: retired deletes the row
+    srid             integer  NOT NULL,   -- the geometry column's declared SRID
+    geometry_type    text     NOT NULL,   -- the column's declared type (postgis_typmod_type), e.g. Polygon
+    registered_at    timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
+INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, retired_column, srid, geometry_type)
+VALUES ('features', 'features', 'id', 'geom', 'version', 'retired_at', 4326, 'Geometry');
+-- CREATE EXTENSION writes the built-in row again at restore: dump the user's layers only.
+SELECT pg_catalog.pg_extension_config_dump('layer_registry', 'WHERE layer <> ''features''');
+REVOKE ALL ON TABLE layer_registry FROM PUBLIC;
+
+CREATE  FUNCTION "_caller_role"() RETURNS oid /* pg_sys :: Oid */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_caller_role_wrapper';
+
+CREATE FUNCTION _column_type(tbl regclass, col name, what text) RETURNS pg_attribute
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    a pg_attribute;
+BEGIN
+    SELECT * INTO a FROM pg_attribute WHERE attrelid = tbl AND attname = col AND attnum > 0 AND NOT attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '% column % does not exist in %', what, quote_ident(col), tbl USING ERRCODE = '42703',
+            HINT = format('Columns of %s: %s.', tbl, (SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum)
+                          FROM pg_attribute WHERE attrelid = tbl AND attnum > 0 AND NOT attisdropped));
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE FUNCTION register_layer(layer text, tbl regclass, id_column name DEFAULT 'id',
+                               geometry_column name DEFAULT 'geom', version_column name DEFAULT 'version',
+                               properties name[] DEFAULT '{}', retired_column name DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    rel pg_class;
+    a pg_attribute;
+    v_srid integer;
+    v_type text;
+    p name;
+BEGIN
+    IF layer IS NULL OR layer !~ '^[a-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'invalid layer name %', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '22023',
+            HINT = 'A layer name is a NATS subject token: 1 to 64 of a-z, 0-9, _ and -.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM layer_registry r WHERE r.layer = register_layer.layer) THEN
+        RAISE EXCEPTION 'layer % is already registered', layer USING ERRCODE = '42710',
+            HINT = format('See feature_outbox.layers; unregister_layer(%L) first to register it again.', layer);
+    END IF;
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION 'tbl must not be NULL' USING ERRCODE = '22004', HINT = 'Name the table, e.g. ''public.parcels''.';
+    END IF;
+    SELECT * INTO rel FROM pg_class c WHERE c.oid = tbl;
+    IF rel.relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', tbl USING ERRCODE = '42809',
+            HINT = 'A layer is an ordinary or partitioned table; views and foreign tables cannot be written with their events.';
+    END IF;
+    IF NOT pg_has_role(caller, rel.relowner, 'USAGE')
+       AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller) THEN
+        RAISE EXCEPTION 'must be owner of table % to register it as a layer', tbl USING ERRCODE = '42501',
+            HINT = format('Its owner is %s: register it as that role, or as a superuser.', rel.relowner::regrole);
+    END IF;
+
+    a := _column_type(tbl, id_column, 'id');
+    IF a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
+        RAISE EXCEPTION 'id column % is of type %', quote_ident(id_column), format_type(a.atttypid, a.atttypmod)
+            USING ERRCODE = '22023', HINT = 'The id column must be smallint, integer or bigint.';
+    END IF;
+    IF NOT a.attnotnull OR NOT EXISTS (
+           SELECT 1 FROM pg_index i
+            WHERE i.indrelid = tbl AND i.indisunique AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum
+              AND i.indpred IS NULL AND i.indexprs IS NULL) THEN
+        RAISE EXCEPTION 'id column % is not the primary key or a unique NOT NULL column', quote_ident(id_column)
+            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD PRIMARY KEY (%I), or add a unique constraint and NOT NULL.', tbl, id_column);
+    END IF;
+
+    a := _column_type(tbl, geometry_column, 'geometry');
+    IF format_type(a.atttypid, NULL) <> 'geometry' THEN
+        RAISE EXCEPTION 'geometry column % is of type %', quote_ident(geometry_column), format_type(a.atttypid, a.atttypmod)
+            USING ERRCODE = '22023', HINT = 'The geometry column must be a PostGIS geometry, e.g. geometry(Polygon, 2263).';
+    END IF;
+    v_srid := CASE WHEN a.atttypmod > 0 THEN postgis_typmod_srid(a.atttypmod) ELSE 0 END;
+    IF v_srid <= 0 THEN
+        RAISE EXCEPTION 'geometry column % has no declared SRID', quote_ident(geometry_column) USING ERRCODE = '22023',
+            HINT = format('Declare it: ALTER TABLE %s ALTER COLUMN %I TYPE geometry(Geometry, <srid>) USING ST_SetSRID(%I, <srid>).',
+                          tbl, geometry_column, geometry_column);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM spatial_ref_sys s WHERE s.srid = v_srid) THEN
+        RAISE EXCEPTION 'geometry column % has SRID %, which spatial_ref_sys does not know', quote_ident(geometry_column), v_srid
+            USING ERRCODE = '22023', HINT = 'Insert its definition into spatial_ref_sys, or use an EPSG code PostGIS ships.';
+    END IF;
+    IF postgis_typmod_dims(a.atttypmod) <> 2 THEN
+        RAISE EXCEPTION 'geometry column % has % dimensions', quote_ident(geometry_column), postgis_typmod_dims(a.atttypmod)
+            USING ERRCODE = '22023', HINT = 'feature_outbox writes 2D geometries (GeoJSON positions of x and y); use a column without Z or M.';
+    END IF;
+    v_type := postgis_typmod_type(a.atttypmod);
+
+    a := _column_type(tbl, version_column, 'version');
+    IF a.atttypid <> 'int4'::regtype OR NOT a.attnotnull THEN
+        RAISE EXCEPTION 'version column % must be integer NOT NULL; it is % %', quote_ident(version_column),
+            format_type(a.atttypid, a.atttypmod), CASE WHEN a.attnotnull THEN 'NOT NULL' ELSE 'nullable' END
+            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD COLUMN %I integer NOT NULL DEFAULT 0.', tbl, version_column);
+    END IF;
+
+    IF retired_column IS NOT NULL THEN
+        a := _column_type(tbl, retired_column, 'retired');
+        IF a.atttypid <> 'timestamptz'::regtype OR a.attnotnull THEN
+            RAISE EXCEPTION 'retired column % must be a nullable timestamptz', quote_ident(retired_column)
+                USING ERRCODE = '22023', HINT = 'Give NULL as retired_column to have retired events delete the row instead.';
+        END IF;
+    END IF;
+
+    IF properties IS NULL THEN
+        properties := '{}';
+    END IF;
+    FOREACH p IN ARRAY properties LOOP
+        a := _column_type(tbl, p, 'property');
+        IF p IN (id_column, geometry_column, version_column, retired_column) THEN
+            RAISE EXCEPTION 'property % is the layer''s id, geometry, version or retired column', quote_ident(p)
+                USING ERRCODE = '22023', HINT = 'Each event carries those already; list only attribute columns as properties.';
+        END IF;
+    END LOOP;
+    IF cardinality(properties) <> (SELECT count(DISTINCT x) FROM unnest(properties) x) THEN
+        RAISE EXCEPTION 'properties lists a column twice' USING ERRCODE = '22023', HINT = 'List each column once.';
+    END IF;
+
+    INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
+                                srid, geometry_type)
+    VALUES (layer, tbl, id_column, geometry_column, version_column, properties, retired_column, v_srid, v_type);
+END
+$$;
+COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) IS
+    'Registers a table as a layer: edit_feature(layer, ...) and record_edit write its rows'' events. layer: a NATS '
+    'subject token [a-z0-9_-]{1,64}; tbl: a table the caller owns; id: smallint/integer/bigint, unique NOT NULL; '
+    'geometry: geometry with a declared SRID; version: integer NOT NULL; properties: columns each event carries; '
+    'retired_column: a nullable timestamptz that retired sets (NULL: retired deletes the row).';
+
+CREATE FUNCTION unregister_layer(layer text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    r layer_registry;
+    pending bigint;
+BEGIN
+    IF layer = 'features' THEN
+        RAISE EXCEPTION 'the built-in layer features cannot be unregistered' USING ERRCODE = '0A000',
+            HINT = 'It belongs to the extension; DROP EXTENSION removes it.';
+    END IF;
+    SELECT * INTO r FROM layer_registry l WHERE l.layer = unregister_layer.layer FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = r.tbl)
+       AND NOT pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE')
+       AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller) THEN
+        RAISE EXCEPTION 'must be owner of table % to unregister layer %', r.tbl, layer USING ERRCODE = '42501',
+            HINT = 'Unregister it as the table''s owner, or as a superuser.';
+    END IF;
+    -- Edits that have not committed their outbox rows yet finish first; new ones wait until this commits.
+    LOCK TABLE outbox IN SHARE MODE;
+    SELECT count(*) INTO pending FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = unregister_layer.layer;
+    IF pending > 0 THEN
+        RAISE EXCEPTION 'layer % has % unpublished outbox rows', layer, pending USING ERRCODE = '55006',
+            HINT = 'Let the relay publish them (see feature_outbox.backlog_by_layer), then unregister it.';
+    END IF;
+    DELETE FROM layer_registry l WHERE l.layer = unregister_layer.layer;
+    DELETE FROM feature_state s WHERE s.layer = unregister_layer.layer;
+END
+$$;
+COMMENT ON FUNCTION unregister_layer(text) IS
+    'Removes a layer and its per-feature state. Refuses (55006) while the layer has unpublished, unparked outbox rows.';
+
+CREATE VIEW layers AS
+SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,
+       r.properties, r.srid, r.geometry_type, r.registered_at
+  FROM layer_registry r;
+COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties and SRID.';
+GRANT SELECT ON layers TO PUBLIC;
 
 -- The claim's low-water mark (src/low_water.rs) --------------------------------------------------
 
@@ -448,6 +920,14 @@ SELECT u.unpublished_rows,
         ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC
         LIMIT 1) h ON true;
 
+-- Rows relayed by type, for updated (new in 0.2.0).
+CREATE  FUNCTION "_relay_relayed"(
+	"event_type" TEXT /* & str */
+) RETURNS bigint /* i64 */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_relay_relayed_wrapper';
+
 CREATE OR REPLACE FUNCTION metrics() RETURNS text
 LANGUAGE sql STABLE
 AS $$
@@ -457,6 +937,7 @@ AS $$
         format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
         format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
         format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
+        format('outbox_rows_relayed_total{event_type="updated"} %s', _relay_relayed('updated')),
         (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
                            E'\n' ORDER BY g.ord)
            FROM (VALUES
@@ -478,8 +959,50 @@ AS $$
       FROM backlog b, _relay_status() s
 $$;
 
+-- The backlog per layer, with the backlog view's columns. Registered layers always have a row; a
+-- layer unregistered since has one while rows of it wait. last_published_at walks the published
+-- rows by time until it meets the layer's newest one.
+CREATE VIEW backlog_by_layer AS
+SELECT l.layer,
+       coalesce(u.unpublished_rows, 0) AS unpublished_rows,
+       u.oldest_unpublished_at,
+       greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
+       (SELECT o.published_at FROM outbox o WHERE o.published_at IS NOT NULL AND o.layer = l.layer
+         ORDER BY o.published_at DESC LIMIT 1) AS last_published_at,
+       coalesce(u.failing_rows, 0) AS failing_rows,
+       coalesce(u.parked_rows, 0) AS parked_rows,
+       u.oldest_parked_at,
+       b.relay_workers_running,
+       b.relay_last_active_at,
+       b.relay_last_error,
+       b.relay_last_error_at,
+       CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
+           AS oldest_parked_age,
+       b.vacuum_held_by_pid,
+       b.vacuum_held_for
+  FROM (SELECT r.layer FROM layer_registry r
+        UNION
+        SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
+        UNION
+        SELECT o.layer FROM outbox o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL) l
+  LEFT JOIN (
+       SELECT o.layer,
+              count(*) AS unpublished_rows,
+              min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
+              count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
+              count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
+              min(o.parked_at) AS oldest_parked_at
+         FROM (SELECT o.layer, o.created_at, o.parked_at, o.attempts FROM outbox o
+                WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
+               UNION ALL
+               SELECT o.layer, o.created_at, o.parked_at, o.attempts FROM outbox o
+                WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o
+        GROUP BY o.layer) u ON u.layer = l.layer
+ CROSS JOIN backlog b;
+COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
+
 -- Monitoring roles read the views.
-GRANT SELECT ON backlog, workers TO pg_monitor;
+GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
 
 -- As sql/finalize.sql does at CREATE EXTENSION: pin search_path on every SQL and plpgsql function,
 -- including those this script adds. PostGIS's schema is known only at run time.

@@ -5,9 +5,15 @@
 -- (guide, gotcha 5).
 REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _edit(bigint, geometry, text, bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, bigint, text, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION record_edit(text, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _layer_write(text, text, text, text, text, text, bigint, anyelement, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
-REVOKE ALL ON TABLE features, outbox, feature_state FROM PUBLIC;
+REVOKE ALL ON TABLE features, outbox, feature_state, layer_registry FROM PUBLIC;
+-- Anyone may list the layers; register_layer checks that the caller owns the table.
+GRANT SELECT ON layers TO PUBLIC;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
 
 -- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema

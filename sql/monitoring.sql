@@ -62,6 +62,7 @@ AS $$
         format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
         format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
         format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
+        format('outbox_rows_relayed_total{event_type="updated"} %s', _relay_relayed('updated')),
         (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
                            E'\n' ORDER BY g.ord)
            FROM (VALUES
@@ -86,7 +87,49 @@ COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relaye
 
 -- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
 -- for monitoring. Nothing in them is secret (errors never carry credentials).
-GRANT SELECT ON backlog, workers TO pg_monitor;
+-- The backlog per layer, with the backlog view's columns. Registered layers always have a row; a
+-- layer unregistered since has one while rows of it wait. last_published_at walks the published
+-- rows by time until it meets the layer's newest one.
+CREATE VIEW backlog_by_layer AS
+SELECT l.layer,
+       coalesce(u.unpublished_rows, 0) AS unpublished_rows,
+       u.oldest_unpublished_at,
+       greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
+       (SELECT o.published_at FROM outbox o WHERE o.published_at IS NOT NULL AND o.layer = l.layer
+         ORDER BY o.published_at DESC LIMIT 1) AS last_published_at,
+       coalesce(u.failing_rows, 0) AS failing_rows,
+       coalesce(u.parked_rows, 0) AS parked_rows,
+       u.oldest_parked_at,
+       b.relay_workers_running,
+       b.relay_last_active_at,
+       b.relay_last_error,
+       b.relay_last_error_at,
+       CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
+           AS oldest_parked_age,
+       b.vacuum_held_by_pid,
+       b.vacuum_held_for
+  FROM (SELECT r.layer FROM layer_registry r
+        UNION
+        SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
+        UNION
+        SELECT o.layer FROM outbox o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL) l
+  LEFT JOIN (
+       SELECT o.layer,
+              count(*) AS unpublished_rows,
+              min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
+              count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
+              count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
+              min(o.parked_at) AS oldest_parked_at
+         FROM (SELECT o.layer, o.created_at, o.parked_at, o.attempts FROM outbox o
+                WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
+               UNION ALL
+               SELECT o.layer, o.created_at, o.parked_at, o.attempts FROM outbox o
+                WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o
+        GROUP BY o.layer) u ON u.layer = l.layer
+ CROSS JOIN backlog b;
+COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
+
+GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
 
 -- Requeues parked rows for a fresh round of feature_outbox.max_attempts (attempts keeps the history).
 -- Returns how many.

@@ -17,10 +17,10 @@ CREATE TABLE outbox (
     event_id             uuid        NOT NULL DEFAULT gen_random_uuid() UNIQUE,
     feature_id           bigint      NOT NULL,
     feature_version      integer     NOT NULL,   -- the version this event describes
-    event_type           text        NOT NULL CHECK (event_type IN ('created', 'moved', 'retired')),
+    event_type           text        NOT NULL CHECK (event_type IN ('created', 'moved', 'retired', 'updated')),
     routing_key          text        NOT NULL,   -- H3 cell of the geometry written by this edit
     previous_routing_key text,                   -- H3 cell of the geometry before it; NULL for created
-    schema_version       integer     NOT NULL DEFAULT 2,
+    schema_version       integer     NOT NULL DEFAULT 3,
     created_at           timestamptz NOT NULL DEFAULT now(),
     published_at         timestamptz,            -- set by the relay after the sink acknowledged
     -- Relay bookkeeping for failed deliveries (see README, "Failures").
@@ -29,8 +29,10 @@ CREATE TABLE outbox (
     last_error           text,
     last_attempt_at      timestamptz,
     next_attempt_at      timestamptz,
-    parked_at            timestamptz
-    -- Deliberately no geometry column: the relay joins features, so an edit writes its shape once.
+    parked_at            timestamptz,
+    -- The layer (layer_registry) whose table holds the feature; 'features' is the built-in table.
+    layer                text        NOT NULL
+    -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';
 
@@ -65,7 +67,30 @@ CREATE TABLE feature_state (
     previous_h3_resolution  smallint,
     previous_routing_point  float8[],
     previous_bbox           float8[],
+    -- The user-table row version (tableoid:ctid:xmin) the last event was recorded for, so that
+    -- record_edit refuses a second event for an unchanged row. NULL for the built-in layer.
+    row_version             text,
     PRIMARY KEY (layer, feature_id)
 );
 COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution, routing point and bounding box, now and before the last edit.';
 SELECT pg_catalog.pg_extension_config_dump('feature_state', '');
+
+-- The layers: tables whose rows edit_feature and record_edit write events for. The built-in table is
+-- the layer 'features'; register_layer adds the user's own (sql/layers.sql).
+CREATE TABLE layer_registry (
+    layer            text     PRIMARY KEY CHECK (layer ~ '^[a-z0-9_-]{1,64}$'),  -- a NATS subject token
+    tbl              regclass NOT NULL,
+    id_column        name     NOT NULL,
+    geometry_column  name     NOT NULL,
+    version_column   name     NOT NULL,
+    properties       name[]   NOT NULL DEFAULT '{}',
+    retired_column   name,                -- NULL: retired deletes the row
+    srid             integer  NOT NULL,   -- the geometry column's declared SRID
+    geometry_type    text     NOT NULL,   -- the column's declared type (postgis_typmod_type), e.g. Polygon
+    registered_at    timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
+INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, retired_column, srid, geometry_type)
+VALUES ('features', 'features', 'id', 'geom', 'version', 'retired_at', 4326, 'Geometry');
+-- CREATE EXTENSION writes the built-in row again at restore: dump the user's layers only.
+SELECT pg_catalog.pg_extension_config_dump('layer_registry', 'WHERE layer <> ''features''');

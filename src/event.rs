@@ -5,33 +5,44 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use serde::Serialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::Sha256;
 
-/// One outbox row joined with the feature's current state, as read by the relay's claim query.
+/// The event format this relay publishes (README, "Events"). 3: 0.2.0, with layer and properties.
+pub const SCHEMA_VERSION: i32 = 3;
+
+/// One outbox row and its feature's current row, as the relay's claim and its layer's read give them.
 #[derive(Debug, Clone)]
 pub struct Row {
     pub id: i64,
     pub event_id: String,
+    /// The layer (a subject token): 'features' for the built-in table.
+    pub layer: String,
     pub feature_id: i64,
     pub feature_version: i32,
     pub event_type: String,
     pub routing_key: String,
     pub previous_routing_key: Option<String>,
-    pub schema_version: i32,
     /// RFC 3339 UTC time of the edit (the outbox row's created_at).
     pub occurred_at: String,
     /// The feature's current version; None when the feature row was hard-deleted.
     pub geometry_version: Option<i32>,
-    /// WKB of the current geometry; None when the feature row was hard-deleted.
+    /// WKB of the current geometry in EPSG:4326; None when the feature row was hard-deleted.
     pub geometry: Option<Vec<u8>>,
+    /// The registered properties' current values, a JSON object; None when the row is gone.
+    pub properties: Option<Box<RawValue>>,
+    /// Why the row's layer could not be read (table dropped or altered): the row fails alone.
+    pub read_error: Option<String>,
     pub row_failures: i32,
 }
 
-/// The event JSON: the guide's fields plus event_id, previous_routing_key and relayed_at.
+/// The event JSON (schema 3): the guide's fields plus event_id, layer, previous_routing_key,
+/// properties and relayed_at.
 #[derive(Serialize)]
 struct Event<'a> {
     schema_version: i32,
     event_id: &'a str,
+    layer: &'a str,
     action: &'a str,
     feature_id: String,
     event_version: i32,
@@ -40,6 +51,7 @@ struct Event<'a> {
     previous_routing_key: Option<&'a str>,
     crs: &'static str,
     geometry: Option<Value>,
+    properties: Option<&'a RawValue>,
     /// Set instead of `geometry` when the event would exceed the NATS server's max_payload.
     #[serde(skip_serializing_if = "Option::is_none")]
     geometry_ref: Option<&'a GeometryRef>,
@@ -80,8 +92,9 @@ fn geometry(row: &Row) -> Result<Option<Value>, String> {
 
 fn build(row: &Row, relayed_at: &str, geometry: Option<Value>, geometry_ref: Option<&GeometryRef>) -> Result<Vec<u8>, String> {
     serde_json::to_vec(&Event {
-        schema_version: row.schema_version,
+        schema_version: SCHEMA_VERSION,
         event_id: &row.event_id,
+        layer: &row.layer,
         action: &row.event_type,
         feature_id: row.feature_id.to_string(),
         event_version: row.feature_version,
@@ -90,6 +103,7 @@ fn build(row: &Row, relayed_at: &str, geometry: Option<Value>, geometry_ref: Opt
         previous_routing_key: row.previous_routing_key.as_deref(),
         crs: "EPSG:4326",
         geometry,
+        properties: row.properties.as_deref(),
         geometry_ref,
         occurred_at: &row.occurred_at,
         relayed_at,
@@ -111,23 +125,25 @@ pub fn webhook_signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::routing::tests::point_wkb;
 
-    fn row() -> Row {
+    pub(crate) fn row() -> Row {
         Row {
             id: 1,
             event_id: "0b3f2c1e-0000-4000-8000-000000000001".into(),
+            layer: "parcels".into(),
             feature_id: 4471,
             feature_version: 2,
             event_type: "moved".into(),
             routing_key: "881f1d4891fffff".into(),
             previous_routing_key: Some("881fb46753fffff".into()),
-            schema_version: 2,
             occurred_at: "2026-11-30T06:00:00.000000Z".into(),
             geometry_version: Some(3),
             geometry: Some(point_wkb(13.400000000000001, 52.52)),
+            properties: Some(RawValue::from_string(r#"{"name": "Main St", "lanes": 2}"#.into()).unwrap()),
+            read_error: None,
             row_failures: 0,
         }
     }
@@ -144,7 +160,10 @@ mod tests {
         // Full precision: the shortest decimal that reads back as the same double.
         assert_eq!(v["geometry"]["coordinates"][0].as_f64().unwrap(), 13.400000000000001);
         assert_eq!(v["geometry"]["type"], "Point");
-        assert_eq!(v.as_object().unwrap().len(), 12);
+        assert_eq!(v["schema_version"], 3);
+        assert_eq!(v["layer"], "parcels");
+        assert_eq!(v["properties"], serde_json::json!({"name": "Main St", "lanes": 2}));
+        assert_eq!(v.as_object().unwrap().len(), 14);
     }
 
     #[test]
@@ -158,7 +177,7 @@ mod tests {
         // The object is exactly the geometry the inline event would carry.
         let inline: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&object).unwrap(), inline["geometry"]);
-        assert_eq!(v.as_object().unwrap().len(), 13);
+        assert_eq!(v.as_object().unwrap().len(), 15);
     }
 
     #[test]
@@ -166,8 +185,9 @@ mod tests {
         let mut r = row();
         r.geometry = None;
         r.geometry_version = None;
+        r.properties = None;
         let v: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
-        assert!(v["geometry"].is_null() && v["geometry_version"].is_null());
+        assert!(v["geometry"].is_null() && v["geometry_version"].is_null() && v["properties"].is_null());
     }
 
     #[test]

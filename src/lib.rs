@@ -7,17 +7,20 @@
 use pgrx::prelude::*;
 
 mod backoff;
+mod claim;
 mod edit;
 mod event;
 mod geojson;
 mod input_error;
 mod monitoring;
+mod plans;
 mod low_water;
 mod relay;
 mod relay_state;
 mod routing;
 mod settings;
 mod sinks;
+mod subxact;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -34,17 +37,22 @@ extension_sql_file!(
         edit::_inspect_geometry,
         edit::_close_polar_caps,
         edit::_h3_cell,
-        relay_state::_wake_relay_at_commit
+        relay_state::_wake_relay_at_commit,
+        edit::layers::_layer_write,
+        edit::layers::_written_by_this_transaction
     ]
 );
+extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
 extension_sql_file!(
     "../sql/monitoring.sql",
     name = "monitoring",
     requires = [
         "edit",
+        "layers",
         monitoring::_relay_workers,
         monitoring::_relay_status,
         monitoring::_relay_preloaded,
+        monitoring::_relay_relayed,
         relay_state::_relay_low_water,
         relay_state::_relay_low_water_reset
     ]

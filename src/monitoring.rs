@@ -119,3 +119,12 @@ fn _relay_status() -> TableIterator<
         by_type(2),
     ))
 }
+
+/// Rows of `event_type` relayed for this database since server start, by every worker. For the
+/// types `_relay_status` has no column for (updated, new in 0.2.0), whose signature stays as the
+/// 0.1.0 script declared it.
+#[pg_extern(stable, parallel_safe)]
+fn _relay_relayed(event_type: &str) -> i64 {
+    let Some(t) = crate::relay_state::EVENT_TYPES.iter().position(|e| *e == event_type) else { return 0 };
+    slots_here().map(|slots| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>()).unwrap_or(0)
+}

@@ -11,6 +11,7 @@ use pgrx::spi::SpiClient;
 
 use crate::backoff;
 use crate::low_water::LowWater;
+use crate::claim::claim;
 use crate::event::{self, Row};
 use crate::relay_state::{MAX_WORKERS, RELAY, WorkerState, now};
 use crate::settings;
@@ -355,6 +356,7 @@ impl Relay {
             tls_ca_file: optional(settings::string(&settings::TLS_CA_FILE)),
             http_secret: optional(settings::string(&settings::HTTP_SECRET)),
             subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
+            legacy_subjects: settings::SUBJECT_FORMAT.get() == settings::SubjectFormat::Legacy,
             stream: settings::string(&settings::NATS_STREAM),
             duplicate_window: Duration::from_secs(settings::NATS_DUPLICATE_WINDOW_S.get() as u64),
             replicas: settings::NATS_REPLICAS.get() as usize,
@@ -529,7 +531,7 @@ enum BatchEnd {
 struct Published {
     claimed: usize,
     not_tried: usize,
-    delivered_by_type: [i64; 3],
+    delivered_by_type: [i64; 4],
     duplicates: i64,
     failed: i64,
     parked: Vec<(i64, &'static str, String)>,
@@ -568,59 +570,6 @@ fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     .execute()
 }
 
-// The claim locks rows of the outbox alone, walking the partial index in id order from the low-water
-// mark (low_water.rs), so the dead entries of published rows below it are never read; the LEFT JOIN then
-// touches only the claimed rows. A hard-deleted feature still yields its event, with a null geometry.
-const CLAIM: &str = "
-WITH claimed AS (
-    SELECT o.*
-      FROM feature_outbox.outbox o
-     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
-       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-     ORDER BY o.id
-     LIMIT $1
-       FOR UPDATE OF o SKIP LOCKED
-)
-SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
-       o.previous_routing_key, o.schema_version,
-       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       f.version, ST_AsBinary(f.geom), o.row_failures
-  FROM claimed o
-  LEFT JOIN feature_outbox.features f ON f.id = o.feature_id
- ORDER BY o.id";
-
-fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
-    // A freshly loaded backlog has no statistics yet: the planner then picks a bitmap scan and sorts
-    // every unpublished row (17 ms per batch at 50k rows, measured) instead of reading the first n
-    // from the partial index (1 ms). The walk in id order is always right here; pin it for this
-    // transaction only.
-    client
-        .update("SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)", None, &[])
-        .map_err(|e| e.to_string())?;
-    // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
-    let low_water = crate::relay_state::low_water();
-    let table = client.update(CLAIM, None, &[limit.into(), low_water.into()]).map_err(|e| e.to_string())?;
-    let mut rows = Vec::with_capacity(table.len());
-    for r in table {
-        let get_s = |i| r.get::<String>(i).map_err(|e| e.to_string());
-        rows.push(Row {
-            id: r.get::<i64>(1).map_err(|e| e.to_string())?.unwrap_or_default(),
-            event_id: get_s(2)?.unwrap_or_default(),
-            feature_id: r.get::<i64>(3).map_err(|e| e.to_string())?.unwrap_or_default(),
-            feature_version: r.get::<i32>(4).map_err(|e| e.to_string())?.unwrap_or_default(),
-            event_type: get_s(5)?.unwrap_or_default(),
-            routing_key: get_s(6)?.unwrap_or_default(),
-            previous_routing_key: get_s(7)?,
-            schema_version: r.get::<i32>(8).map_err(|e| e.to_string())?.unwrap_or(2),
-            occurred_at: get_s(9)?.unwrap_or_default(),
-            geometry_version: r.get::<i32>(10).map_err(|e| e.to_string())?,
-            geometry: r.get::<Vec<u8>>(11).map_err(|e| e.to_string())?,
-            row_failures: r.get::<i32>(12).map_err(|e| e.to_string())?.unwrap_or_default(),
-        });
-    }
-    Ok(rows)
-}
-
 fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, String> {
     client
         .select("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')", None, &[])
@@ -632,7 +581,13 @@ fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, String> {
 /// Builds each row's event and publishes those that could be built. A row whose event cannot be
 /// built (a geometry GeoJSON cannot carry) fails alone, row-level, and never blocks the batch.
 fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
-    let events: Vec<Result<Vec<u8>, String>> = rows.iter().map(|r| event::to_json(r, relayed_at)).collect();
+    let events: Vec<Result<Vec<u8>, String>> = rows
+        .iter()
+        .map(|r| match &r.read_error {
+            Some(e) => Err(e.clone()),
+            None => event::to_json(r, relayed_at).map_err(|e| format!("cannot build the event: {e}")),
+        })
+        .collect();
     if events.iter().all(Result::is_ok) {
         let bodies: Vec<Vec<u8>> = events.into_iter().flatten().collect();
         return sink.publish(rows, &bodies, relayed_at);
@@ -647,7 +602,7 @@ fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
         .into_iter()
         .map(|e| match e {
             Ok(_) => published.next().unwrap_or(Outcome::NotTried),
-            Err(error) => Outcome::RowFailed(format!("cannot build the event: {error}")),
+            Err(error) => Outcome::RowFailed(error),
         })
         .collect()
 }

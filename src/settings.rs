@@ -18,6 +18,18 @@ pub enum InvalidGeometry {
     Reject,
 }
 
+/// The NATS subject layout (README, "Subjects").
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SubjectFormat {
+    /// `<prefix>.<layer>.<event_type>.<routing_key>` (0.2.0).
+    #[name = c"0.2"]
+    Layered,
+    /// `<prefix>.<event_type>.<routing_key>` for the built-in layer, as 0.1.0 published it.
+    #[name = c"0.1"]
+    Legacy,
+}
+
+pub static SUBJECT_FORMAT: GucSetting<SubjectFormat> = GucSetting::<SubjectFormat>::new(SubjectFormat::Layered);
 pub static H3_RESOLUTION: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static AREA_OF_USE_MARGIN: GucSetting<f64> = GucSetting::<f64>::new(1.0);
 pub static INVALID_GEOMETRY: GucSetting<InvalidGeometry> = GucSetting::<InvalidGeometry>::new(InvalidGeometry::Accept);
@@ -125,7 +137,15 @@ pub fn init() {
         );
     }
     string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
-    string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
+    string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<layer>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
+    GucRegistry::define_enum_guc(
+        c"feature_outbox.subject_format",
+        c"NATS subject layout: 0.2 is <prefix>.<layer>.<event_type>.<routing_key>; 0.1 keeps <prefix>.<event_type>.<routing_key> for the built-in layer.",
+        c"0.1 is for subscribers that have not moved to the 0.2.0 subjects yet; user layers always use 0.2.",
+        &SUBJECT_FORMAT,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
     unsafe {
         GucRegistry::define_string_guc_with_hooks(

@@ -14,8 +14,8 @@ SELECT parked_rows, oldest_parked_age >= interval '5 minutes' AS parked_age_coun
 UPDATE feature_outbox.outbox SET parked_at = NULL, row_failures = 0 WHERE feature_id = 3;
 
 -- 100k published rows of history, then the plan: the partial index, no sequential scan of the outbox.
-INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, published_at, created_at)
-SELECT i, 1, 'created', '8800000000fffff', now() - interval '1 hour', now() - interval '2 hours'
+INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, published_at, created_at, layer)
+SELECT i, 1, 'created', '8800000000fffff', now() - interval '1 hour', now() - interval '2 hours', 'features'
   FROM generate_series(100, 100099) i;
 ANALYZE feature_outbox.outbox;
 SELECT unpublished_rows, last_published_at = (SELECT max(published_at) FROM feature_outbox.outbox) AS last_published FROM feature_outbox.backlog;

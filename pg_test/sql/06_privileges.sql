@@ -17,7 +17,7 @@ SELECT try($$INSERT INTO feature_outbox.outbox (feature_id, feature_version, eve
 SELECT try($$UPDATE feature_outbox.outbox SET published_at = now()$$);
 SELECT try($$DELETE FROM feature_outbox.outbox$$);
 -- The internal function that does the writing is not callable either.
-SELECT try($$SELECT feature_outbox._edit(3, 'SRID=4326;POINT(1 1)'::geometry, 'created', NULL)$$);
+SELECT try($$SELECT feature_outbox._edit('features', 3, 'SRID=4326;POINT(1 1)'::geometry, 'created', NULL, NULL, false)$$);
 RESET ROLE;
 
 -- A role without the grant cannot edit at all.

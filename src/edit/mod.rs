@@ -10,6 +10,7 @@ use crate::{geojson, routing, settings};
 
 mod area_of_use;
 pub mod inspect;
+pub mod layers;
 mod polar;
 
 

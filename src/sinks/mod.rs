@@ -16,6 +16,8 @@ pub struct SinkConfig {
     pub tls_ca_file: Option<String>,
     pub http_secret: Option<String>,
     pub subject_prefix: String,
+    /// feature_outbox.subject_format = '0.1': the built-in layer keeps its 0.1.0 subjects.
+    pub legacy_subjects: bool,
     pub stream: String,
     pub duplicate_window: Duration,
     pub replicas: usize,

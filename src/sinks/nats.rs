@@ -17,6 +17,8 @@ pub struct NatsSink {
     client: Client,
     js: jetstream::Context,
     prefix: String,
+    /// feature_outbox.subject_format = '0.1'.
+    legacy_subjects: bool,
     timeout: Duration,
     bucket: object_store::Config,
     /// The object bucket, created or found on the first event over max_payload.
@@ -112,7 +114,7 @@ impl NatsSink {
             num_replicas: config.replicas,
             ..Default::default()
         };
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), timeout, bucket, objects: None, limits_differ })
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, timeout, bucket, objects: None, limits_differ })
     }
 
     /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
@@ -133,7 +135,7 @@ impl NatsSink {
                 by_ref[i] = Some(stored);
             }
         }
-        let (js, prefix, timeout) = (&self.js, &self.prefix, self.timeout);
+        let (js, prefix, legacy, timeout) = (&self.js, &self.prefix, self.legacy_subjects, self.timeout);
         self.runtime.block_on(async {
             let mut outcomes = Vec::with_capacity(rows.len());
             for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
@@ -145,8 +147,8 @@ impl NatsSink {
                 let mut pending = Vec::with_capacity(rows.len());
                 for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
                     pending.push(match &by_ref[first + i] {
-                        None => send(js, prefix, timeout, max_payload, row, body).await,
-                        Some(Ok(thin)) => send(js, prefix, timeout, max_payload, row, thin).await,
+                        None => send(js, prefix, legacy, timeout, max_payload, row, body).await,
+                        Some(Ok(thin)) => send(js, prefix, legacy, timeout, max_payload, row, thin).await,
                         Some(Err(outcome)) => Err(outcome.clone()),
                     });
                 }
@@ -268,12 +270,13 @@ const IN_FLIGHT: usize = 1000;
 async fn send(
     js: &jetstream::Context,
     prefix: &str,
+    legacy: bool,
     timeout: Duration,
     max_payload: usize,
     row: &Row,
     body: &[u8],
 ) -> Result<jetstream::context::PublishAckFuture, Outcome> {
-    let subject = format!("{prefix}.{}.{}", row.event_type, row.routing_key);
+    let subject = subject(prefix, legacy, row);
     if !valid_subject(&subject) {
         return Err(Outcome::RowFailed(format!("invalid NATS subject \"{subject}\"")));
     }
@@ -303,6 +306,17 @@ fn headers(row: &Row) -> HeaderMap {
         h.insert("Previous-Routing-Key", prev.as_str());
     }
     h
+}
+
+/// The subject of `row`'s event: `<prefix>.<layer>.<event_type>.<routing_key>`. With `legacy`
+/// (feature_outbox.subject_format = '0.1') the built-in layer keeps its 0.1.0 subject,
+/// `<prefix>.<event_type>.<routing_key>`; user layers, which 0.1.0 did not have, do not.
+fn subject(prefix: &str, legacy: bool, row: &Row) -> String {
+    if legacy && row.layer == "features" {
+        format!("{prefix}.{}.{}", row.event_type, row.routing_key)
+    } else {
+        format!("{prefix}.{}.{}.{}", row.layer, row.event_type, row.routing_key)
+    }
 }
 
 /// A publish subject: dot-separated non-empty tokens, no whitespace, no wildcards.
@@ -339,5 +353,15 @@ mod tests {
         assert!(!valid_subject("features..x"));
         assert!(!valid_subject("my features.moved.x"));
         assert!(!valid_subject("features.>"));
+    }
+
+    #[test]
+    fn subjects_carry_the_layer_unless_kept_at_0_1() {
+        let mut row = crate::event::tests::row();
+        row.layer = "features".into();
+        assert_eq!(subject("features", false, &row), "features.features.moved.881f1d4891fffff");
+        assert_eq!(subject("features", true, &row), "features.moved.881f1d4891fffff");
+        row.layer = "parcels".into();
+        assert_eq!(subject("x", true, &row), "x.parcels.moved.881f1d4891fffff");
     }
 }

@@ -38,7 +38,7 @@ struct Args {
     /// Durable consumer name: the server remembers its acknowledged position across restarts.
     #[arg(long, default_value = "feature-consumer")]
     durable: String,
-    /// Only subjects matching this filter, e.g. `features.moved.>` or `features.*.<h3 cell>`.
+    /// Only subjects matching this filter, e.g. `features.parcels.moved.>` or `features.*.*.<h3 cell>`.
     #[arg(long)]
     filter: Option<String>,
     /// Stop once this many unique events have been processed.
@@ -49,13 +49,14 @@ struct Args {
     idle_timeout: f64,
 }
 
-/// The event JSON the relay publishes (schema_version 2). Subject: `<prefix>.<action>.<routing_key>`.
+/// The event JSON the relay publishes (schema_version 3). Subject: `<prefix>.<layer>.<action>.<routing_key>`.
 #[derive(Deserialize)]
 #[allow(dead_code)] // every field is listed as documentation; not all are used below
 struct Event {
     schema_version: i32,
     event_id: String,
-    action: String, // created | moved | retired
+    layer: String,  // the layer (table) the feature belongs to; feature ids are unique per layer
+    action: String, // created | moved | updated | retired
     feature_id: String,
     event_version: i32,            // the version this edit produced
     geometry_version: Option<i32>, // the version of `geometry`; null if the feature was hard-deleted
@@ -63,6 +64,7 @@ struct Event {
     previous_routing_key: Option<String>, // the cell before the edit; null for created
     crs: String,                   // always "EPSG:4326"
     geometry: Value,               // GeoJSON geometry at geometry_version, or null
+    properties: Value,             // the layer's registered columns at geometry_version, or null
     // Set (with geometry null) when the event would exceed the NATS server's max_payload: the
     // geometry is an object in a JetStream Object Store bucket.
     geometry_ref: Option<GeometryRef>,
@@ -80,7 +82,7 @@ struct GeometryRef {
 #[derive(Default)]
 struct Consumer {
     seen: HashSet<String>,           // event_ids processed: the deduplication key
-    latest: HashMap<String, i32>,    // feature_id -> geometry_version applied
+    latest: HashMap<(String, String), i32>, // (layer, feature_id) -> geometry_version applied
     cells: HashMap<String, u64>,     // routing_key -> unique events
     by_action: HashMap<String, u64>,
     unique_events: u64,
@@ -137,7 +139,7 @@ impl Consumer {
         }
         // Ordering per feature is reconstructed here, not assumed: a geometry older than the one
         // already applied arrived late (another relay worker's batch) and must not overwrite it.
-        let latest = self.latest.entry(event.feature_id.clone()).or_insert(0);
+        let latest = self.latest.entry((event.layer.clone(), event.feature_id.clone())).or_insert(0);
         if geometry_version < *latest {
             self.stale_dropped += 1;
             return Verdict::Stale;
@@ -150,7 +152,9 @@ impl Consumer {
     fn check_envelope(&mut self, subject: &str, headers: Option<&async_nats::HeaderMap>, e: &Event) {
         let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
         let mut problems = Vec::new();
-        if !subject.ends_with(&format!(".{}.{}", e.action, e.routing_key)) {
+        // <prefix>.<layer>.<action>. ... .<routing_key>
+        let tokens: Vec<&str> = subject.split('.').collect();
+        if tokens.len() < 4 || tokens[1] != e.layer || tokens[2] != e.action || tokens.last() != Some(&e.routing_key.as_str()) {
             problems.push(format!("subject {subject}"));
         }
         if header("Nats-Msg-Id").as_deref() != Some(e.event_id.as_str()) {
@@ -336,10 +340,10 @@ mod tests {
 
     fn event(id: &str, event_version: i32, geometry_version: i32) -> (String, async_nats::HeaderMap, Vec<u8>) {
         let body = json!({
-            "schema_version": 2, "event_id": id, "action": "moved", "feature_id": "4471",
+            "schema_version": 3, "event_id": id, "layer": "parcels", "action": "moved", "feature_id": "4471",
             "event_version": event_version, "geometry_version": geometry_version,
             "routing_key": "881f1d4891fffff", "previous_routing_key": "881fb46753fffff", "crs": "EPSG:4326",
-            "geometry": {"type": "Point", "coordinates": [13.4, 52.52]},
+            "geometry": {"type": "Point", "coordinates": [13.4, 52.52]}, "properties": {"name": "Main St"},
             "occurred_at": "2026-11-30T06:00:00.000000Z", "relayed_at": "2026-11-30T06:00:01.000000Z",
         });
         let mut h = async_nats::HeaderMap::new();
@@ -347,7 +351,7 @@ mod tests {
         h.insert("Feature-Id", "4471");
         h.insert("Feature-Version", event_version.to_string().as_str());
         h.insert("Previous-Routing-Key", "881fb46753fffff");
-        ("features.moved.881f1d4891fffff".into(), h, serde_json::to_vec(&body).unwrap())
+        ("features.parcels.moved.881f1d4891fffff".into(), h, serde_json::to_vec(&body).unwrap())
     }
 
     fn feed(c: &mut Consumer, (subject, headers, body): (String, async_nats::HeaderMap, Vec<u8>)) -> Verdict {
@@ -365,7 +369,7 @@ mod tests {
         // An older geometry arriving late (another relay worker's batch) must not overwrite v3.
         assert!(matches!(feed(&mut c, event("c", 2, 2)), Verdict::Stale));
         assert_eq!((c.unique_events, c.duplicates, c.stale_dropped, c.later_geometry_seen), (3, 1, 1, 1));
-        assert_eq!((c.latest["4471"], c.header_mismatches), (3, 0));
+        assert_eq!((c.latest[&("parcels".to_string(), "4471".to_string())], c.header_mismatches), (3, 0));
     }
 
     #[test]
@@ -374,7 +378,7 @@ mod tests {
         let (subject, mut headers, body) = event("a", 2, 2);
         headers.insert("Feature-Version", "7");
         c.process(&subject, Some(&headers), &body);
-        c.process("features.created.881f1d4891fffff", None, &event("b", 2, 2).2);
+        c.process("features.parcels.created.881f1d4891fffff", None, &event("b", 2, 2).2);
         assert_eq!(c.header_mismatches, 2);
         assert!(matches!(c.process("features.x.y", None, b"{"), Verdict::Malformed));
     }

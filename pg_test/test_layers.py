@@ -1,0 +1,441 @@
+"""Layers (issue 10): the user's own PostGIS tables, with attribute columns, through the same outbox.
+A cluster whose relay publishes to a real nats-server; user tables in EPSG:2263 (NY State Plane, US
+feet) and EPSG:5070 (CONUS Albers); real roles for the privilege rules."""
+
+import csv
+import json
+
+import psycopg
+import pytest
+
+from conftest import COUNTIES, RUN_DIR, Cluster, free_port
+from relay_harness import NatsServer, wait_for
+
+DB = "layers"
+SETTINGS = (
+    f"feature_outbox.database = '{DB}'",
+    "feature_outbox.poll_interval = '60s'",
+    "feature_outbox.retry_backoff_min = '100ms'",
+    "feature_outbox.retry_backoff_max = '200ms'",
+    "feature_outbox.max_attempts = 2",
+)
+PARCELS = """CREATE TABLE public.parcels (
+    id         bigint PRIMARY KEY,
+    geom       geometry(Polygon, 2263) NOT NULL,
+    version    integer NOT NULL DEFAULT 0,
+    name       text,
+    zoning     varchar(4),
+    lots       integer,
+    retired_at timestamptz,
+    written_by name DEFAULT current_user)"""
+# Two blocks in Manhattan, as GeoJSON in EPSG:4326.
+BLOCK_A = '{"type":"Polygon","coordinates":[[[-73.99,40.75],[-73.98,40.75],[-73.98,40.76],[-73.99,40.76],[-73.99,40.75]]]}'
+BLOCK_B = '{"type":"Polygon","coordinates":[[[-74.01,40.70],[-74.00,40.70],[-74.00,40.71],[-74.01,40.71],[-74.01,40.70]]]}'
+BLOCK_C = 'POLYGON((-73.95 40.78,-73.94 40.78,-73.94 40.79,-73.95 40.79,-73.95 40.78))'
+
+
+@pytest.fixture(scope="module")
+def nats_server():
+    server = NatsServer(RUN_DIR / "nats_layers")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def relay(nats_server):
+    c = Cluster(RUN_DIR / "layers", free_port())
+    c.start(*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'")
+    c.create_db(DB)
+    with c.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        conn.execute(PARCELS)
+        conn.execute("""SELECT feature_outbox.register_layer('parcels', 'public.parcels',
+                               properties => '{name,zoning,lots}', retired_column => 'retired_at')""")
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def db(relay):
+    with relay.connect(DB) as conn:
+        yield conn
+
+
+def relayed(conn):
+    """No outbox row waits for the relay (parked rows wait for a person instead)."""
+    return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL AND parked_at IS NULL)").fetchone()[0]
+
+
+def key_of(conn, geojson):
+    """The routing key of a GeoJSON geometry in EPSG:4326, as routing_key() computes it."""
+    return conn.execute("SELECT feature_outbox.routing_key(ST_SetSRID(ST_GeomFromGeoJSON(%s), 4326))",
+                        (geojson,)).fetchone()[0]
+
+
+def outbox(conn, layer, fid):
+    return conn.execute("""SELECT feature_version, event_type, routing_key, previous_routing_key
+                             FROM feature_outbox.outbox WHERE layer = %s AND feature_id = %s ORDER BY id""",
+                        (layer, fid)).fetchall()
+
+
+def events(server, layer, fid):
+    return [m for m in server.messages() if m["event"]["layer"] == layer and m["event"]["feature_id"] == str(fid)]
+
+
+def counts(conn):
+    return conn.execute("""SELECT (SELECT count(*) FROM feature_outbox.outbox),
+                                  (SELECT count(*) FROM feature_outbox.feature_state),
+                                  (SELECT count(*) FROM feature_outbox.layer_registry)""").fetchone()
+
+
+def fails(conn, sql, params=(), watch=None):
+    """Runs a statement that must fail, in a savepoint when a transaction is open; returns (SQLSTATE,
+    message, hint). Nothing may be written (counted through `watch`, by default `conn`)."""
+    watch = watch or conn
+    before = counts(watch)
+    with pytest.raises(psycopg.Error) as e:
+        with conn.transaction():
+            conn.execute(sql, params)
+    assert counts(watch) == before, "a failed call wrote rows"
+    return e.value.sqlstate, e.value.diag.message_primary, e.value.diag.message_hint
+
+
+def test_edit_feature_lifecycle_in_a_state_plane_table(db, nats_server):
+    fid = 1
+    key_a, key_b = key_of(db, BLOCK_A), key_of(db, BLOCK_B)
+    assert key_a != key_b
+    assert db.execute("""SELECT feature_outbox.edit_feature('parcels', %s, %s, 'created',
+                                '{"name": "Lot A", "zoning": "R6", "lots": "3"}')""", (fid, BLOCK_A)).fetchone()[0] == 1
+    srid, version, name, zoning, lots, same = db.execute(
+        """SELECT ST_SRID(geom), version, name, zoning, lots,
+                  ST_Equals(ST_SnapToGrid(ST_Transform(geom, 4326), 1e-9),
+                            ST_SnapToGrid(ST_SetSRID(ST_GeomFromGeoJSON(%s), 4326), 1e-9))
+             FROM parcels WHERE id = %s""", (BLOCK_A, fid)).fetchone()
+    assert (srid, version, name, zoning, lots, same) == (2263, 1, "Lot A", "R6", 3, True)
+
+    # updated: attributes only; the geometry and the cell stay.
+    assert db.execute("""SELECT feature_outbox.edit_feature('parcels', %s, NULL::text, 'updated', '{"name": "Lot B"}')""",
+                      (fid,)).fetchone()[0] == 2
+    assert db.execute("SELECT feature_outbox.edit_feature('parcels', %s, %s, 'moved')", (fid, BLOCK_B)).fetchone()[0] == 3
+    assert db.execute("SELECT feature_outbox.edit_feature('parcels', %s, NULL::text, 'retired')", (fid,)).fetchone()[0] == 4
+    assert db.execute("SELECT version, name, zoning, retired_at IS NOT NULL FROM parcels WHERE id = %s",
+                      (fid,)).fetchone() == (4, "Lot B", "R6", True)
+    assert outbox(db, "parcels", fid) == [
+        (1, "created", key_a, None),
+        (2, "updated", key_a, key_a),
+        (3, "moved", key_b, key_a),
+        (4, "retired", key_b, key_b),
+    ]
+
+    wait_for(lambda: relayed(db), 20, "the relay to publish the parcels events")
+    got = events(nats_server, "parcels", fid)
+    assert [m["subject"] for m in got] == [
+        f"features.parcels.created.{key_a}", f"features.parcels.updated.{key_a}",
+        f"features.parcels.moved.{key_b}", f"features.parcels.retired.{key_b}"]
+    for m in got:
+        e = m["event"]
+        assert e["schema_version"] == 3 and e["layer"] == "parcels" and e["crs"] == "EPSG:4326"
+        # Read at relay time: the row as it is then, at this event's version or later.
+        assert set(e["properties"]) == {"name", "zoning", "lots"} and e["properties"]["zoning"] == "R6"
+        assert e["geometry_version"] >= e["event_version"] and e["geometry"]["type"] == "Polygon"
+        # The geometry is published in EPSG:4326 degrees, not State Plane feet.
+        assert all(-74.02 < x < -73.97 and 40.69 < y < 40.77 for x, y in e["geometry"]["coordinates"][0])
+    assert got[-1]["event"]["properties"] == {"name": "Lot B", "zoning": "R6", "lots": 3}
+    assert got[-1]["event"]["geometry_version"] == 4
+    assert [m["event"]["previous_routing_key"] for m in got] == [None, key_a, key_a, key_b]
+
+
+def test_orm_writes_plus_record_edit_inside_a_savepoint(db, nats_server):
+    fid = 2
+    key_c = db.execute("SELECT feature_outbox.routing_key(ST_GeomFromText(%s, 4326))", (BLOCK_C,)).fetchone()[0]
+    key_a = key_of(db, BLOCK_A)
+    with db.transaction():
+        db.execute("INSERT INTO parcels (id, geom, name, zoning) VALUES (%s, ST_Transform(ST_GeomFromText(%s, 4326), 2263), 'ORM lot', 'C1')",
+                   (fid, BLOCK_C))
+        with db.transaction():  # a savepoint
+            assert db.execute("SELECT feature_outbox.record_edit('parcels', %s, 'created')", (fid,)).fetchone()[0] == 1
+    with db.transaction():
+        db.execute("UPDATE parcels SET lots = 7 WHERE id = %s", (fid,))
+        assert db.execute("SELECT feature_outbox.record_edit('parcels', %s, 'updated')", (fid,)).fetchone()[0] == 2
+    with db.transaction():
+        db.execute("UPDATE parcels SET geom = ST_Transform(ST_SetSRID(ST_GeomFromGeoJSON(%s), 4326), 2263) WHERE id = %s",
+                   (BLOCK_A, fid))
+        with db.transaction():
+            assert db.execute("SELECT feature_outbox.record_edit('parcels', %s, 'moved')", (fid,)).fetchone()[0] == 3
+    with db.transaction():
+        db.execute("UPDATE parcels SET retired_at = now() WHERE id = %s", (fid,))
+        assert db.execute("SELECT feature_outbox.record_edit('parcels', %s, 'retired')", (fid,)).fetchone()[0] == 4
+    assert db.execute("SELECT version, lots FROM parcels WHERE id = %s", (fid,)).fetchone() == (4, 7)
+    rows = outbox(db, "parcels", fid)
+    # record_edit routes on the stored geometry transformed back to 4326: the same cell here.
+    assert rows == [(1, "created", key_c, None), (2, "updated", key_c, key_c),
+                    (3, "moved", key_a, key_c), (4, "retired", key_a, key_a)]
+    wait_for(lambda: relayed(db), 20, "the relay to publish the ORM events")
+    got = events(nats_server, "parcels", fid)
+    assert [m["subject"].split(".")[2] for m in got] == ["created", "updated", "moved", "retired"]
+    assert got[-1]["event"]["properties"] == {"name": "ORM lot", "zoning": "C1", "lots": 7}
+
+
+def test_record_edit_refuses_a_row_this_transaction_did_not_write(db):
+    db.execute("SELECT feature_outbox.edit_feature('parcels', 3, %s, 'created')", (BLOCK_A,))
+    state, message, hint = fails(db, "SELECT feature_outbox.record_edit('parcels', 3, 'moved')")
+    assert state == "55000" and "not written by this transaction" in message and hint
+    # A lock is not a write.
+    with db.transaction():
+        db.execute("SELECT 1 FROM parcels WHERE id = 3 FOR UPDATE")
+        assert fails(db, "SELECT feature_outbox.record_edit('parcels', 3, 'updated')")[0] == "55000"
+    # A second call without a new write, in the same transaction, and after edit_feature's own write.
+    with db.transaction():
+        db.execute("UPDATE parcels SET name = 'x' WHERE id = 3")
+        db.execute("SELECT feature_outbox.record_edit('parcels', 3, 'updated')")
+        with db.transaction(force_rollback=True):
+            state, message, _ = fails(db, "SELECT feature_outbox.record_edit('parcels', 3, 'updated')")
+        assert state == "55000" and "already" in message
+        db.execute("SELECT feature_outbox.edit_feature('parcels', 3, NULL::text, 'updated', '{\"lots\": 1}')")
+        with db.transaction(force_rollback=True):
+            assert fails(db, "SELECT feature_outbox.record_edit('parcels', 3, 'updated')")[0] == "55000"
+    assert fails(db, "SELECT feature_outbox.record_edit('parcels', 999, 'moved')")[0] == "P0002"
+    assert fails(db, "SELECT feature_outbox.record_edit('features', 1, 'moved')")[0] == "22023"
+
+
+def test_bad_edits_of_a_layer_write_nothing(db):
+    db.execute("SELECT feature_outbox.edit_feature('parcels', 4, %s, 'created', '{\"name\": \"four\"}')", (BLOCK_A,))
+    cases = [
+        ("SELECT feature_outbox.edit_feature('nosuch', 4, NULL::text, 'updated')", "42704", "parcels"),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, NULL::text, 'updated', '{\"colour\": 1}')", "22023", "name, zoning, lots"),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, NULL::text, 'updated', '{\"lots\": \"many\"}')", "22P02", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, NULL::text, 'updated', '{\"zoning\": \"R10A-X\"}')", "22001", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, NULL::text, 'updated', '[1]')", "22023", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, %s, 'updated')", "22023", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, '{\"type\":\"Point\",\"coordinates\":[-73.9,40.7]}', 'moved')", "22023", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, '{\"type\":\"Point\",\"coordinates\":[200,40.7]}', 'moved')", "22003", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 4, %s, 'created')", "23505", None),
+        ("SELECT feature_outbox.edit_feature('parcels', 5, %s, 'moved')", "P0002", None),
+    ]
+    for sql, want, hint_has in cases:
+        state, message, hint = fails(db, sql, (BLOCK_B,) if "%s" in sql else ())
+        assert state == want, (sql, state, message)
+        if want in ("22P02", "22001"):
+            assert "property" in message and ("lots" in message or "zoning" in message), message
+        if hint_has:
+            assert hint_has in hint, hint
+    # A NOT NULL column without a default that created cannot fill: 23502, naming it.
+    db.execute("CREATE TABLE public.roads (id integer PRIMARY KEY, geom geometry(LineString, 4326), version integer NOT NULL DEFAULT 0, name text NOT NULL)")
+    db.execute("SELECT feature_outbox.register_layer('roads', 'public.roads', properties => '{name}')")
+    line = '{"type":"LineString","coordinates":[[-73.99,40.75],[-73.98,40.76]]}'
+    state, message, _ = fails(db, "SELECT feature_outbox.edit_feature('roads', 1, %s, 'created')", (line,))
+    assert state == "23502" and '"name"' in message
+    # repair turning a Polygon into a MultiPolygon, which the typed column cannot take: 22023.
+    bowtie = "SRID=4326;POLYGON((-73.99 40.75,-73.98 40.76,-73.98 40.75,-73.99 40.76,-73.99 40.75))"
+    db.execute("SET feature_outbox.invalid_geometry = repair")
+    try:
+        state, message, hint = fails(db, "SELECT feature_outbox.edit_feature('parcels', 6, %s::geometry, 'created')", (bowtie,))
+    finally:
+        db.execute("RESET feature_outbox.invalid_geometry")
+    assert state == "22023" and "Polygon" in message and "MultiPolygon" in message and "repair" in hint
+
+
+def test_registration_mistakes_register_nothing(db):
+    db.execute("""CREATE TABLE public.reg_ok (id integer PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL,
+                  label text, retired timestamptz, untyped geometry, nosrid geometry(Point), zgeom geometry(PointZ, 4326),
+                  bad_version bigint NOT NULL DEFAULT 0, loose_version integer, loose_id integer, done_at timestamptz NOT NULL DEFAULT now())""")
+    db.execute("CREATE VIEW public.reg_view AS SELECT * FROM public.reg_ok")
+    db.execute("INSERT INTO spatial_ref_sys (srid, auth_name, auth_srid, proj4text) VALUES (990001, 'test', 990001, '+proj=longlat +datum=WGS84') ON CONFLICT DO NOTHING")
+    db.execute("CREATE TABLE public.reg_unknown_srid (id integer PRIMARY KEY, geom geometry(Point, 990001), version integer NOT NULL)")
+    db.execute("DELETE FROM spatial_ref_sys WHERE srid = 990001")
+    call = "SELECT feature_outbox.register_layer(%s, %s{})"
+    cases = [
+        (("Bad.Name", "public.reg_ok"), "", "22023"),
+        (("x" * 65, "public.reg_ok"), "", "22023"),
+        (("parcels", "public.reg_ok"), "", "42710"),
+        (("r1", "public.no_such_table"), "", "42P01"),
+        (("r1", "public.reg_view"), "", "42809"),
+        (("r1", "public.reg_ok"), "id_column => 'nope'", "42703"),
+        (("r1", "public.reg_ok"), "id_column => 'label'", "22023"),
+        (("r1", "public.reg_ok"), "id_column => 'loose_id'", "22023"),
+        (("r1", "public.reg_ok"), "geometry_column => 'nope'", "42703"),
+        (("r1", "public.reg_ok"), "geometry_column => 'label'", "22023"),
+        (("r1", "public.reg_ok"), "geometry_column => 'untyped'", "22023"),
+        (("r1", "public.reg_ok"), "geometry_column => 'nosrid'", "22023"),
+        (("r1", "public.reg_ok"), "geometry_column => 'zgeom'", "22023"),
+        (("r1", "public.reg_unknown_srid"), "", "22023"),
+        (("r1", "public.reg_ok"), "version_column => 'bad_version'", "22023"),
+        (("r1", "public.reg_ok"), "version_column => 'loose_version'", "22023"),
+        (("r1", "public.reg_ok"), "version_column => 'nope'", "42703"),
+        (("r1", "public.reg_ok"), "properties => '{label,nope}'", "42703"),
+        (("r1", "public.reg_ok"), "properties => '{label,label}'", "22023"),
+        (("r1", "public.reg_ok"), "properties => '{geom}'", "22023"),
+        (("r1", "public.reg_ok"), "retired_column => 'label'", "22023"),
+        (("r1", "public.reg_ok"), "retired_column => 'done_at'", "22023"),
+        (("r1", "public.reg_ok"), "retired_column => 'nope'", "42703"),
+    ]
+    for args, extra, want in cases:
+        state, message, hint = fails(db, call.format(", " + extra if extra else ""), args)
+        assert state == want, (args, extra, state, message)
+        if want != "42P01":  # raised by the regclass cast, before register_layer runs
+            assert hint, (args, extra, message)
+    assert db.execute("SELECT count(*) FROM feature_outbox.layers WHERE layer = 'r1'").fetchone()[0] == 0
+    db.execute("SELECT feature_outbox.register_layer('r1', 'public.reg_ok', properties => '{label}', retired_column => 'retired')")
+    assert db.execute("SELECT table_name::text, srid, properties, retired_column FROM feature_outbox.layers WHERE layer = 'r1'"
+                      ).fetchone() == ("reg_ok", 4326, ["label"], "retired")
+    db.execute("SELECT feature_outbox.unregister_layer('r1')")
+
+
+def test_privileges_in_both_directions(relay, db):
+    with relay.connect(DB) as su:
+        for role in ("layer_owner", "layer_app", "layer_reader", "layer_stranger"):
+            su.execute(f"DROP ROLE IF EXISTS {role}")
+            su.execute(f"CREATE ROLE {role} LOGIN")
+        su.execute("GRANT CREATE ON SCHEMA public TO layer_owner")
+        su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(text, bigint, text, text, jsonb),"
+                   " feature_outbox.record_edit(text, bigint, text) TO layer_app, layer_reader")
+    def as_role(role):
+        return psycopg.connect(relay.dsn(DB).replace("user=postgres", f"user={role}"), autocommit=True)
+
+    with as_role("layer_owner") as owner:
+        owner.execute("CREATE TABLE public.shops (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0, name text,"
+                      " written_by name DEFAULT current_user)")
+        # A table of someone else: 42501.
+        with as_role("layer_stranger") as stranger:
+            state = fails(stranger, "SELECT feature_outbox.register_layer('shops', 'public.shops')", watch=db)[0]
+            assert state == "42501"
+        owner.execute("SELECT feature_outbox.register_layer('shops', 'public.shops', properties => '{name}')")
+        owner.execute("GRANT SELECT, INSERT, UPDATE ON public.shops TO layer_app")
+        owner.execute("GRANT SELECT ON public.shops TO layer_reader")
+        owner.execute("""CREATE FUNCTION public.shops_audit() RETURNS trigger LANGUAGE plpgsql AS
+                         $$ BEGIN NEW.written_by := current_user; RETURN NEW; END $$""")
+        owner.execute("CREATE TRIGGER shops_audit BEFORE INSERT OR UPDATE ON public.shops FOR EACH ROW EXECUTE FUNCTION public.shops_audit()")
+
+    point = '{"type":"Point","coordinates":[-73.98,40.75]}'
+    with as_role("layer_app") as app:
+        app.execute("SELECT feature_outbox.edit_feature('shops', 1, %s, 'created', '{\"name\": \"Deli\"}')", (point,))
+        # The user table's trigger and default ran as the caller, never as the extension's owner.
+        assert db.execute("SELECT written_by FROM public.shops WHERE id = 1").fetchone()[0] == "layer_app"
+        with app.transaction():
+            app.execute("UPDATE public.shops SET name = 'Deli 2' WHERE id = 1")
+            app.execute("SELECT feature_outbox.record_edit('shops', 1, 'updated')")
+        # The outbox is reachable only through the functions.
+        for sql in ("INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer) VALUES (1, 9, 'moved', 'x', 'shops')",
+                    "UPDATE feature_outbox.feature_state SET routing_key = 'x'",
+                    "INSERT INTO feature_outbox.layer_registry (layer, tbl, id_column, geometry_column, version_column, srid, geometry_type) VALUES ('x', 'public.shops', 'id', 'geom', 'version', 4326, 'Point')",
+                    "SELECT feature_outbox._layer_write('moved', 'public.shops', 'id', 'geom', 'version', NULL, 1, NULL::geometry, NULL)",
+                    "SELECT feature_outbox._edit('shops', 1, NULL, 'updated', NULL, NULL, false)",
+                    "SELECT feature_outbox.edit_feature(77, '{\"type\":\"Point\",\"coordinates\":[0,0]}', 'created')"):
+            assert fails(app, sql, watch=db)[0] == "42501", sql
+        # record_edit for a row the caller did not write cannot invent an event.
+        assert fails(app, "SELECT feature_outbox.record_edit('shops', 1, 'moved')", watch=db)[0] == "55000"
+    with as_role("layer_reader") as reader:
+        # EXECUTE alone is not enough: the table write runs with the reader's own rights.
+        assert fails(reader, "SELECT feature_outbox.edit_feature('shops', 2, %s, 'created')", (point,), watch=db)[0] == "42501"
+        assert fails(reader, "SELECT feature_outbox.edit_feature('shops', 1, NULL::text, 'updated', '{\"name\": \"x\"}')",
+                     watch=db)[0] == "42501"
+    # SET ROLE counts as the caller too.
+    with relay.connect(DB) as su:
+        su.execute("SET ROLE layer_reader")
+        assert fails(su, "SELECT feature_outbox.edit_feature('shops', 3, %s, 'created')", (point,), watch=db)[0] == "42501"
+    assert outbox(db, "shops", 1) and len(outbox(db, "shops", 1)) == 2
+
+
+def test_subject_format_0_1_keeps_the_built_in_subjects(relay, db, nats_server):
+    with relay.connect() as su:
+        su.execute("ALTER SYSTEM SET feature_outbox.subject_format = '0.1'")
+        su.execute("SELECT pg_reload_conf()")
+    try:
+        wait_for(lambda: db.execute("SELECT 1 FROM pg_settings WHERE name = 'feature_outbox.subject_format' AND setting = '0.1'").fetchone(), 5)
+        import time
+        time.sleep(0.5)  # the worker takes the reload at its next wake-up, before the batch
+        point = '{"type":"Point","coordinates":[2.35,48.86]}'
+        db.execute("SELECT feature_outbox.edit_feature(501, %s, 'created')", (point,))
+        db.execute("SELECT feature_outbox.edit_feature('parcels', 501, %s, 'created')", (BLOCK_A,))
+        wait_for(lambda: relayed(db), 20, "the relay to publish")
+        subjects = {m["event"]["layer"]: m["subject"] for m in nats_server.messages() if m["event"]["feature_id"] == "501"}
+        assert subjects["features"] == f"features.created.{key_of(db, point)}"
+        assert subjects["parcels"] == f"features.parcels.created.{key_of(db, BLOCK_A)}"
+    finally:
+        with relay.connect() as su:
+            su.execute("ALTER SYSTEM RESET feature_outbox.subject_format")
+            su.execute("SELECT pg_reload_conf()")
+
+
+def test_a_dropped_layer_table_parks_its_rows_alone(relay, db, nats_server):
+    db.execute("CREATE TABLE public.doomed (id bigint PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL DEFAULT 0, note text)")
+    db.execute("SELECT feature_outbox.register_layer('doomed', 'public.doomed', properties => '{note}')")
+    db.execute("CREATE TABLE public.renamed (id bigint PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL DEFAULT 0, note text)")
+    db.execute("SELECT feature_outbox.register_layer('renamed', 'public.renamed', properties => '{note}')")
+    # Paused, so the rows wait while their tables change.
+    with relay.connect() as su:
+        su.execute("ALTER SYSTEM SET feature_outbox.endpoint = ''")
+        su.execute("SELECT pg_reload_conf()")
+    try:
+        import time
+        time.sleep(0.5)
+        point = '{"type":"Point","coordinates":[-73.98,40.75]}'
+        with db.transaction():
+            for fid in (1, 2):
+                db.execute("SELECT feature_outbox.edit_feature('doomed', %s, %s, 'created')", (fid, point))
+                db.execute("SELECT feature_outbox.edit_feature('renamed', %s, %s, 'created')", (fid, point))
+                db.execute("SELECT feature_outbox.edit_feature(%s, %s, 'created')", (700 + fid, point))
+                db.execute("SELECT feature_outbox.edit_feature('parcels', %s, %s, 'created')", (700 + fid, BLOCK_A))
+        db.execute("DROP TABLE public.doomed")
+        db.execute("ALTER TABLE public.renamed RENAME COLUMN note TO remark")
+    finally:
+        with relay.connect() as su:
+            su.execute(f"ALTER SYSTEM SET feature_outbox.endpoint = '{nats_server.url}'")
+            su.execute("SELECT pg_reload_conf()")
+    parked = lambda: db.execute("""SELECT layer, count(*), min(last_error) FROM feature_outbox.outbox
+                                    WHERE parked_at IS NOT NULL AND layer IN ('doomed', 'renamed') GROUP BY layer ORDER BY layer""").fetchall()
+    got = wait_for(lambda: len(parked()) == 2 and all(n == 2 for _, n, _ in parked()) and parked(), 20, "the two layers' rows to park")
+    errors = {layer: error for layer, _, error in got}
+    assert "was dropped" in errors["doomed"] and "doomed" in errors["doomed"]
+    assert "note" in errors["renamed"] and "renamed" in errors["renamed"]
+    # The other layers kept flowing.
+    ok = db.execute("""SELECT count(*) FROM feature_outbox.outbox WHERE feature_id IN (701, 702)
+                        AND layer IN ('features', 'parcels') AND published_at IS NOT NULL""").fetchone()[0]
+    assert ok == 4
+    by_layer = dict(db.execute("SELECT layer, parked_rows FROM feature_outbox.backlog_by_layer").fetchall())
+    assert by_layer["doomed"] == 2 and by_layer["renamed"] == 2 and by_layer["parcels"] == 0
+    # unregister_layer refuses while rows wait, and not once they are parked.
+    db.execute("SELECT feature_outbox.edit_feature('parcels', 703, %s, 'created')", (BLOCK_A,))
+    db.execute("SELECT feature_outbox.unregister_layer('doomed')")
+
+
+def test_unregister_refuses_while_rows_wait(relay, db, nats_server):
+    db.execute("CREATE TABLE public.brief (id bigint PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL DEFAULT 0)")
+    db.execute("SELECT feature_outbox.register_layer('brief', 'public.brief')")
+    with db.transaction():
+        db.execute("SELECT feature_outbox.edit_feature('brief', 1, '{\"type\":\"Point\",\"coordinates\":[1,1]}', 'created')")
+        # Inside the writing transaction its row is unpublished.
+        with db.transaction(force_rollback=True):
+            state, _, hint = fails(db, "SELECT feature_outbox.unregister_layer('brief')")
+        assert state == "55006" and "backlog_by_layer" in hint
+    wait_for(lambda: db.execute("SELECT bool_and(published_at IS NOT NULL) FROM feature_outbox.outbox WHERE layer = 'brief'").fetchone()[0],
+             20, "the relay to publish")
+    db.execute("SELECT feature_outbox.unregister_layer('brief')")
+    assert fails(db, "SELECT feature_outbox.edit_feature('brief', 2, '{\"type\":\"Point\",\"coordinates\":[1,1]}', 'created')")[0] == "42704"
+    assert fails(db, "SELECT feature_outbox.unregister_layer('features')")[0] == "0A000"
+
+
+def test_counties_into_conus_albers_route_as_the_reference(relay):
+    if not COUNTIES.exists():
+        pytest.skip(f"{COUNTIES} is missing")
+    from test_real_data import FIXTURE, read_counties
+    counties = read_counties()
+    with open(FIXTURE, newline="") as f:
+        reference = {r["fips"]: r["routing_key"] for r in csv.DictReader(f)}
+    relay.create_db("layers_counties")
+    with relay.connect("layers_counties") as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        conn.execute("CREATE TABLE counties (fips integer PRIMARY KEY, geom geometry(Geometry, 5070) NOT NULL,"
+                     " version integer NOT NULL DEFAULT 0, name text)")
+        conn.execute("SELECT feature_outbox.register_layer('counties', 'counties', 'fips', properties => '{name}')")
+        names = {json.loads(l)["id"]: json.loads(l)["name"] for l in COUNTIES.read_text().splitlines() if l.strip()}
+        for i in range(0, len(counties), 500):
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany("SELECT feature_outbox.edit_feature('counties', %s, %s, 'created', %s)",
+                                [(int(fips), text, json.dumps({"name": names[fips]})) for fips, text in counties[i:i + 500]])
+        got = dict(conn.execute("SELECT lpad(feature_id::text, 5, '0'), routing_key FROM feature_outbox.outbox WHERE layer = 'counties'").fetchall())
+        assert len(got) == len(counties) == len(reference)
+        assert sorted(f for f in reference if reference[f] != got.get(f)) == []
+        srid, named = conn.execute("SELECT min(ST_SRID(geom)), count(*) FILTER (WHERE name IS NOT NULL) FROM counties").fetchone()
+        assert srid == 5070 and named == len(counties)

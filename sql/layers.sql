@@ -1,0 +1,174 @@
+-- Layers: the user's own PostGIS tables, served by the same outbox. register_layer records which
+-- columns hold the id, geometry, version and retired time, and which columns each event carries
+-- as properties. Registration runs as the extension's owner (it writes layer_registry) and checks
+-- the table's owner against the calling role (_caller_role(): the session's current role, which
+-- SECURITY DEFINER does not change).
+
+CREATE FUNCTION _column_type(tbl regclass, col name, what text) RETURNS pg_attribute
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    a pg_attribute;
+BEGIN
+    SELECT * INTO a FROM pg_attribute WHERE attrelid = tbl AND attname = col AND attnum > 0 AND NOT attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '% column % does not exist in %', what, quote_ident(col), tbl USING ERRCODE = '42703',
+            HINT = format('Columns of %s: %s.', tbl, (SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum)
+                          FROM pg_attribute WHERE attrelid = tbl AND attnum > 0 AND NOT attisdropped));
+    END IF;
+    RETURN a;
+END
+$$;
+
+CREATE FUNCTION register_layer(layer text, tbl regclass, id_column name DEFAULT 'id',
+                               geometry_column name DEFAULT 'geom', version_column name DEFAULT 'version',
+                               properties name[] DEFAULT '{}', retired_column name DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    rel pg_class;
+    a pg_attribute;
+    v_srid integer;
+    v_type text;
+    p name;
+BEGIN
+    IF layer IS NULL OR layer !~ '^[a-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'invalid layer name %', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '22023',
+            HINT = 'A layer name is a NATS subject token: 1 to 64 of a-z, 0-9, _ and -.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM layer_registry r WHERE r.layer = register_layer.layer) THEN
+        RAISE EXCEPTION 'layer % is already registered', layer USING ERRCODE = '42710',
+            HINT = format('See feature_outbox.layers; unregister_layer(%L) first to register it again.', layer);
+    END IF;
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION 'tbl must not be NULL' USING ERRCODE = '22004', HINT = 'Name the table, e.g. ''public.parcels''.';
+    END IF;
+    SELECT * INTO rel FROM pg_class c WHERE c.oid = tbl;
+    IF rel.relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', tbl USING ERRCODE = '42809',
+            HINT = 'A layer is an ordinary or partitioned table; views and foreign tables cannot be written with their events.';
+    END IF;
+    IF NOT pg_has_role(caller, rel.relowner, 'USAGE')
+       AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller) THEN
+        RAISE EXCEPTION 'must be owner of table % to register it as a layer', tbl USING ERRCODE = '42501',
+            HINT = format('Its owner is %s: register it as that role, or as a superuser.', rel.relowner::regrole);
+    END IF;
+
+    a := _column_type(tbl, id_column, 'id');
+    IF a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN
+        RAISE EXCEPTION 'id column % is of type %', quote_ident(id_column), format_type(a.atttypid, a.atttypmod)
+            USING ERRCODE = '22023', HINT = 'The id column must be smallint, integer or bigint.';
+    END IF;
+    IF NOT a.attnotnull OR NOT EXISTS (
+           SELECT 1 FROM pg_index i
+            WHERE i.indrelid = tbl AND i.indisunique AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum
+              AND i.indpred IS NULL AND i.indexprs IS NULL) THEN
+        RAISE EXCEPTION 'id column % is not the primary key or a unique NOT NULL column', quote_ident(id_column)
+            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD PRIMARY KEY (%I), or add a unique constraint and NOT NULL.', tbl, id_column);
+    END IF;
+
+    a := _column_type(tbl, geometry_column, 'geometry');
+    IF format_type(a.atttypid, NULL) <> 'geometry' THEN
+        RAISE EXCEPTION 'geometry column % is of type %', quote_ident(geometry_column), format_type(a.atttypid, a.atttypmod)
+            USING ERRCODE = '22023', HINT = 'The geometry column must be a PostGIS geometry, e.g. geometry(Polygon, 2263).';
+    END IF;
+    v_srid := CASE WHEN a.atttypmod > 0 THEN postgis_typmod_srid(a.atttypmod) ELSE 0 END;
+    IF v_srid <= 0 THEN
+        RAISE EXCEPTION 'geometry column % has no declared SRID', quote_ident(geometry_column) USING ERRCODE = '22023',
+            HINT = format('Declare it: ALTER TABLE %s ALTER COLUMN %I TYPE geometry(Geometry, <srid>) USING ST_SetSRID(%I, <srid>).',
+                          tbl, geometry_column, geometry_column);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM spatial_ref_sys s WHERE s.srid = v_srid) THEN
+        RAISE EXCEPTION 'geometry column % has SRID %, which spatial_ref_sys does not know', quote_ident(geometry_column), v_srid
+            USING ERRCODE = '22023', HINT = 'Insert its definition into spatial_ref_sys, or use an EPSG code PostGIS ships.';
+    END IF;
+    IF postgis_typmod_dims(a.atttypmod) <> 2 THEN
+        RAISE EXCEPTION 'geometry column % has % dimensions', quote_ident(geometry_column), postgis_typmod_dims(a.atttypmod)
+            USING ERRCODE = '22023', HINT = 'feature_outbox writes 2D geometries (GeoJSON positions of x and y); use a column without Z or M.';
+    END IF;
+    v_type := postgis_typmod_type(a.atttypmod);
+
+    a := _column_type(tbl, version_column, 'version');
+    IF a.atttypid <> 'int4'::regtype OR NOT a.attnotnull THEN
+        RAISE EXCEPTION 'version column % must be integer NOT NULL; it is % %', quote_ident(version_column),
+            format_type(a.atttypid, a.atttypmod), CASE WHEN a.attnotnull THEN 'NOT NULL' ELSE 'nullable' END
+            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD COLUMN %I integer NOT NULL DEFAULT 0.', tbl, version_column);
+    END IF;
+
+    IF retired_column IS NOT NULL THEN
+        a := _column_type(tbl, retired_column, 'retired');
+        IF a.atttypid <> 'timestamptz'::regtype OR a.attnotnull THEN
+            RAISE EXCEPTION 'retired column % must be a nullable timestamptz', quote_ident(retired_column)
+                USING ERRCODE = '22023', HINT = 'Give NULL as retired_column to have retired events delete the row instead.';
+        END IF;
+    END IF;
+
+    IF properties IS NULL THEN
+        properties := '{}';
+    END IF;
+    FOREACH p IN ARRAY properties LOOP
+        a := _column_type(tbl, p, 'property');
+        IF p IN (id_column, geometry_column, version_column, retired_column) THEN
+            RAISE EXCEPTION 'property % is the layer''s id, geometry, version or retired column', quote_ident(p)
+                USING ERRCODE = '22023', HINT = 'Each event carries those already; list only attribute columns as properties.';
+        END IF;
+    END LOOP;
+    IF cardinality(properties) <> (SELECT count(DISTINCT x) FROM unnest(properties) x) THEN
+        RAISE EXCEPTION 'properties lists a column twice' USING ERRCODE = '22023', HINT = 'List each column once.';
+    END IF;
+
+    INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
+                                srid, geometry_type)
+    VALUES (layer, tbl, id_column, geometry_column, version_column, properties, retired_column, v_srid, v_type);
+END
+$$;
+COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) IS
+    'Registers a table as a layer: edit_feature(layer, ...) and record_edit write its rows'' events. layer: a NATS '
+    'subject token [a-z0-9_-]{1,64}; tbl: a table the caller owns; id: smallint/integer/bigint, unique NOT NULL; '
+    'geometry: geometry with a declared SRID; version: integer NOT NULL; properties: columns each event carries; '
+    'retired_column: a nullable timestamptz that retired sets (NULL: retired deletes the row).';
+
+CREATE FUNCTION unregister_layer(layer text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    r layer_registry;
+    pending bigint;
+BEGIN
+    IF layer = 'features' THEN
+        RAISE EXCEPTION 'the built-in layer features cannot be unregistered' USING ERRCODE = '0A000',
+            HINT = 'It belongs to the extension; DROP EXTENSION removes it.';
+    END IF;
+    SELECT * INTO r FROM layer_registry l WHERE l.layer = unregister_layer.layer FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = r.tbl)
+       AND NOT pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE')
+       AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller) THEN
+        RAISE EXCEPTION 'must be owner of table % to unregister layer %', r.tbl, layer USING ERRCODE = '42501',
+            HINT = 'Unregister it as the table''s owner, or as a superuser.';
+    END IF;
+    -- Edits that have not committed their outbox rows yet finish first; new ones wait until this commits.
+    LOCK TABLE outbox IN SHARE MODE;
+    SELECT count(*) INTO pending FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = unregister_layer.layer;
+    IF pending > 0 THEN
+        RAISE EXCEPTION 'layer % has % unpublished outbox rows', layer, pending USING ERRCODE = '55006',
+            HINT = 'Let the relay publish them (see feature_outbox.backlog_by_layer), then unregister it.';
+    END IF;
+    DELETE FROM layer_registry l WHERE l.layer = unregister_layer.layer;
+    DELETE FROM feature_state s WHERE s.layer = unregister_layer.layer;
+END
+$$;
+COMMENT ON FUNCTION unregister_layer(text) IS
+    'Removes a layer and its per-feature state. Refuses (55006) while the layer has unpublished, unparked outbox rows.';
+
+CREATE VIEW layers AS
+SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,
+       r.properties, r.srid, r.geometry_type, r.registered_at
+  FROM layer_registry r;
+COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties and SRID.';

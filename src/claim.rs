@@ -1,0 +1,155 @@
+//! The relay's claim: one batch of outbox rows locked FOR UPDATE ... SKIP LOCKED, then, for each
+//! layer in the batch, one bounded read of its table for the claimed features' current rows. Each
+//! layer's read runs in its own subtransaction: a table that was dropped or altered fails its own
+//! rows (row-level, so they retry and park with the reason as last_error) and no other layer's.
+
+use std::collections::HashMap;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use serde_json::value::RawValue;
+
+use crate::event::Row;
+use crate::plans::prepared;
+use crate::subxact;
+
+// The claim locks rows of the outbox alone, walking the partial index in id order from the
+// low-water mark (low_water.rs), so the dead entries of published rows below it are never read.
+pub const CLAIM_SQL: &str = "
+SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
+       o.previous_routing_key,
+       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+       o.row_failures, o.layer
+  FROM feature_outbox.outbox o
+ WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
+   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+ ORDER BY o.id
+ LIMIT $1
+   FOR UPDATE OF o SKIP LOCKED";
+
+// Each layer's read statement, built from its registry row: the current version, the geometry in
+// EPSG:4326 as WKB, and the registered properties as one JSON object (to_jsonb of each column;
+// jsonb_build_object takes at most 50 pairs, so longer lists are joined with ||). NULL table: the
+// table was dropped.
+const LAYERS_SQL: &str = "
+SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint,
+       format('SELECT t.%1$I::bigint, t.%2$I, ST_AsBinary(ST_Transform(t.%3$I, 4326)), (%4$s)::text '
+              'FROM %5$s t WHERE t.%1$I = ANY($1)',
+              r.id_column, r.version_column, r.geometry_column,
+              coalesce((SELECT string_agg(part, ' || ')
+                          FROM (SELECT 'jsonb_build_object(' || string_agg(format('%L, to_jsonb(t.%I)', p, p), ', ' ORDER BY i) || ')' AS part
+                                  FROM unnest(r.properties) WITH ORDINALITY u(p, i)
+                                 GROUP BY (i - 1) / 50) parts),
+                       '''{}''::jsonb'),
+              r.tbl)
+  FROM feature_outbox.layer_registry r
+  LEFT JOIN pg_catalog.pg_class c ON c.oid = r.tbl
+ WHERE r.layer = ANY($1)";
+
+/// A feature's current row: version, WKB in EPSG:4326, properties.
+type Current = (Option<i32>, Option<Vec<u8>>, Option<String>);
+
+fn text(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Claims up to `limit` rows from `low_water` up and fills in each one's current feature row.
+pub fn claim(client: &mut SpiClient<'_>, limit: i64) -> Result<Vec<Row>, String> {
+    // A freshly loaded backlog has no statistics yet: the planner then picks a bitmap scan and sorts
+    // every unpublished row (17 ms per batch at 50k rows, measured) instead of reading the first n
+    // from the partial index (1 ms). The walk in id order is always right here; pin it for this
+    // transaction only.
+    client
+        .update("SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)", None, &[])
+        .map_err(text)?;
+    // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
+    let low_water = crate::relay_state::low_water();
+    let table = client.update(CLAIM_SQL, None, &[limit.into(), low_water.into()]).map_err(text)?;
+    let mut rows = Vec::with_capacity(table.len());
+    for r in table {
+        let get_s = |i| r.get::<String>(i).map_err(text);
+        rows.push(Row {
+            id: r.get::<i64>(1).map_err(text)?.unwrap_or_default(),
+            event_id: get_s(2)?.unwrap_or_default(),
+            feature_id: r.get::<i64>(3).map_err(text)?.unwrap_or_default(),
+            feature_version: r.get::<i32>(4).map_err(text)?.unwrap_or_default(),
+            event_type: get_s(5)?.unwrap_or_default(),
+            routing_key: get_s(6)?.unwrap_or_default(),
+            previous_routing_key: get_s(7)?,
+            occurred_at: get_s(8)?.unwrap_or_default(),
+            row_failures: r.get::<i32>(9).map_err(text)?.unwrap_or_default(),
+            layer: get_s(10)?.unwrap_or_default(),
+            geometry_version: None,
+            geometry: None,
+            properties: None,
+            read_error: None,
+        });
+    }
+    if !rows.is_empty() {
+        read_layers(client, &mut rows)?;
+    }
+    Ok(rows)
+}
+
+/// Fills in geometry, version and properties of each row from its layer's table: one query per
+/// layer, in its own subtransaction. A layer that cannot be read sets `read_error` on its rows.
+fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), String> {
+    let mut names: Vec<String> = rows.iter().map(|r| r.layer.clone()).collect();
+    names.sort();
+    names.dedup();
+    let registry = client.select(LAYERS_SQL, None, &[names.clone().into()]).map_err(text)?;
+    let mut reads: HashMap<String, Result<String, String>> = HashMap::new();
+    for r in registry {
+        let layer = r.get::<String>(1).map_err(text)?.unwrap_or_default();
+        let exists = r.get::<bool>(2).map_err(text)?.unwrap_or(false);
+        let oid = r.get::<i64>(3).map_err(text)?.unwrap_or_default();
+        let sql = r.get::<String>(4).map_err(text)?.unwrap_or_default();
+        let read = if exists {
+            Ok(sql)
+        } else {
+            Err(format!("layer \"{layer}\": its table (OID {oid}) was dropped; register the layer again or unregister_layer('{layer}')"))
+        };
+        reads.insert(layer, read);
+    }
+    for layer in names {
+        let read = reads.remove(&layer).unwrap_or_else(|| Err(format!("layer \"{layer}\" is not registered")));
+        let ids: Vec<i64> = rows.iter().filter(|r| r.layer == layer).map(|r| r.feature_id).collect();
+        let current = read.and_then(|sql| read_layer(&sql, ids).map_err(|e| format!("layer \"{layer}\": cannot read its table: {e}")));
+        for row in rows.iter_mut().filter(|r| r.layer == layer) {
+            match &current {
+                Ok(by_id) => {
+                    if let Some((version, geometry, properties)) = by_id.get(&row.feature_id) {
+                        row.geometry_version = *version;
+                        row.geometry = geometry.clone();
+                        row.properties = match properties {
+                            Some(p) => Some(RawValue::from_string(p.clone()).map_err(text)?),
+                            None => None,
+                        };
+                    }
+                }
+                Err(e) => row.read_error = Some(e.clone()),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_layer(sql: &str, ids: Vec<i64>) -> Result<HashMap<i64, Current>, String> {
+    subxact::run(|| {
+        Spi::connect(|client| {
+            let plan = prepared(client, sql, &[pg_sys::INT8ARRAYOID], false);
+            let table = client.select(&*plan, None, &[ids.into()]).unwrap_or_else(|e| error!("{e}"));
+            let mut by_id = HashMap::with_capacity(table.len());
+            for r in table {
+                let id = r.get::<i64>(1).unwrap_or_else(|e| error!("{e}")).unwrap_or_default();
+                let version = r.get::<i32>(2).unwrap_or_else(|e| error!("{e}"));
+                let geometry = r.get::<Vec<u8>>(3).unwrap_or_else(|e| error!("{e}"));
+                let properties = r.get::<String>(4).unwrap_or_else(|e| error!("{e}"));
+                by_id.insert(id, (version, geometry, properties));
+            }
+            by_id
+        })
+    })
+    .map_err(|f| f.message)
+}
