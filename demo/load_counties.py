@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """The demo's writer: a real client of feature_outbox.
 
-1. Creates one feature per US county (feature id = FIPS code) through edit_feature, passing the
-   GeoJSON geometry text exactly as the file has it, in transactions of BATCH edits.
-2. Reports the shapes that fail ST_IsValid and what feature_outbox.invalid_geometry did with them.
-3. Edits: moves some counties (ST_Translate or ST_SimplifyPreserveTopology through the
-   edit_feature(bigint, geometry, text) overload), edits a few twice in one transaction (the guide's
-   gotcha 1: the relay publishes the current geometry, so the first event carries the second shape),
-   and retires a few. Counts scale with the number of counties loaded.
+1. Creates the application's own table, public.counties (CONUS Albers, EPSG:5070, with the county
+   name and state as attribute columns), and registers it as the layer `counties`.
+2. Creates one feature per US county (feature id = FIPS code) through edit_feature('counties', ...),
+   passing the GeoJSON geometry text exactly as the file has it and the name and state as properties,
+   in transactions of BATCH edits. The routing key comes from the input in EPSG:4326; the row stores
+   the shape in EPSG:5070.
+3. Reports the shapes that fail ST_IsValid and what feature_outbox.invalid_geometry did with them.
+4. Edits: moves some counties (ST_Translate or ST_SimplifyPreserveTopology through the geometry
+   overload), edits a few twice in one transaction (the guide's gotcha 1: the relay publishes the
+   current row, so the first event carries the second shape), renames some (updated events, properties
+   only), renames a few more the way an ORM would (its own UPDATE, then record_edit), and retires a few.
+   Counts scale with the number of counties loaded.
 
 Connects with libpq's environment (PGHOST, PGPORT, PGUSER, PGDATABASE) unless --dsn is given.
 Environment: DEMO_DATA (GeoJSONL, default ../shared/data/us-counties.geojsonl from the repository),
@@ -30,17 +35,30 @@ BATCH = 300          # edits per transaction
 TRANSLATE = (0.02, 0.01)  # degrees east, north: ~2 km, enough to leave a resolution-8 H3 cell
 SIMPLIFY = 0.01      # ST_SimplifyPreserveTopology tolerance, degrees
 
-CREATE = "SELECT feature_outbox.edit_feature(%s, %s, 'created')"
-# Server-side geometry edits through the geometry overload. Westward near the antimeridian, so a
-# shape never leaves [-180, 180] (edit_feature would reject it).
+# The application's table: it owns it and its columns; feature_outbox writes events for its rows.
+TABLE = """
+    CREATE TABLE public.counties (
+        fips       integer PRIMARY KEY,
+        geom       geometry(Geometry, 5070) NOT NULL,  -- CONUS Albers, metres
+        version    integer NOT NULL DEFAULT 0,
+        name       text NOT NULL,
+        state_fips char(2) NOT NULL,
+        retired_at timestamptz)"""
+REGISTER = """SELECT feature_outbox.register_layer('counties', 'public.counties', id_column => 'fips',
+                     properties => '{name,state_fips}', retired_column => 'retired_at')"""
+CREATE = "SELECT feature_outbox.edit_feature('counties', %s, %s, 'created', %s)"
+# Server-side geometry edits through the geometry overload, in EPSG:4326. Westward near the
+# antimeridian, so a shape never leaves [-180, 180] (edit_feature would reject it).
 TRANSLATE_SQL = """
-    SELECT feature_outbox.edit_feature(f.id,
-             ST_Translate(f.geom, CASE WHEN ST_XMax(f.geom) > 179 THEN -%(dx)s ELSE %(dx)s END, %(dy)s), 'moved')
-      FROM feature_outbox.features f WHERE f.id = %(id)s"""
+    SELECT feature_outbox.edit_feature('counties', c.fips,
+             ST_Translate(g, CASE WHEN ST_XMax(g) > 179 THEN -%(dx)s ELSE %(dx)s END, %(dy)s), 'moved')
+      FROM public.counties c, ST_Transform(c.geom, 4326) g WHERE c.fips = %(id)s"""
 SIMPLIFY_SQL = """
-    SELECT feature_outbox.edit_feature(f.id, ST_SimplifyPreserveTopology(f.geom, %(tol)s), 'moved')
-      FROM feature_outbox.features f WHERE f.id = %(id)s"""
-RETIRE = "SELECT feature_outbox.edit_feature(%s, NULL::text, 'retired')"
+    SELECT feature_outbox.edit_feature('counties', c.fips, ST_SimplifyPreserveTopology(ST_Transform(c.geom, 4326), %(tol)s), 'moved')
+      FROM public.counties c WHERE c.fips = %(id)s"""
+RENAME = """SELECT feature_outbox.edit_feature('counties', %s, NULL::text, 'updated',
+                                               jsonb_build_object('name', %s::text))"""
+RETIRE = "SELECT feature_outbox.edit_feature('counties', %s, NULL::text, 'retired')"
 
 
 def say(*parts) -> None:
@@ -112,11 +130,15 @@ def main() -> int:
         policy = conn.execute("SHOW feature_outbox.invalid_geometry").fetchone()[0]
         s["invalid_policy"] = policy
 
+        conn.execute(TABLE)
+        conn.execute(REGISTER)
+        say("layer: public.counties (geometry(Geometry, 5070), name, state_fips) registered as layer 'counties'")
+
         # 1. Create every county: one edit_feature call per county, BATCH per transaction.
         say(f"load: {len(counties)} counties from {data} (invalid_geometry = {policy})")
         t0 = time.monotonic()
-        s["created"], rejected = run_batches(conn, CREATE, [(f, g) for f, _, g in counties], "created",
-                                             len(counties))
+        creates = [(f, g, json.dumps({"name": names[f], "state_fips": f"{f:05d}"[:2]})) for f, _, g in counties]
+        s["created"], rejected = run_batches(conn, CREATE, creates, "created", len(counties))
         s["load_seconds"] = round(time.monotonic() - t0, 2)
         s["rejected"] = len(rejected)
         say(f"load: {s['created']} created in {s['load_seconds']} s"
@@ -130,7 +152,7 @@ def main() -> int:
             ([f for f, _, _ in counties], [g for _, _, g in counties])).fetchall()
         s["invalid_input"] = len(invalid)
         s["invalid_stored"] = conn.execute(
-            "SELECT count(*) FROM feature_outbox.features WHERE NOT (ST_IsValidDetail(geom)).valid").fetchone()[0]
+            "SELECT count(*) FROM public.counties WHERE NOT (ST_IsValidDetail(geom)).valid").fetchone()[0]
         say(f"invalid: {len(invalid)} of {len(counties)} shapes fail ST_IsValid, e.g.")
         for fips, reason in invalid[:3]:
             say(f"  {fips:05d} {names[fips]}: {reason}")
@@ -146,14 +168,17 @@ def main() -> int:
 
         # 3. Edits on the counties that exist, in disjoint random sets (seeded: the same each run).
         ids = [i for (i,) in conn.execute(
-            "SELECT id FROM feature_outbox.features WHERE id = ANY(%s) ORDER BY id",
+            "SELECT fips FROM public.counties WHERE fips = ANY(%s) ORDER BY fips",
             ([f for f, _, _ in counties],)).fetchall()]
         rng = random.Random(4471)
         rng.shuffle(ids)
         n = len(ids)
-        n_move, n_twice, n_retire = max(1, n // 10), max(1, n // 200), max(1, n // 100)
+        n_move, n_twice, n_retire, n_rename, n_orm = (max(1, n // 10), max(1, n // 200), max(1, n // 100),
+                                                      max(1, n // 20), max(1, n // 100))
         move, twice = ids[:n_move], ids[n_move:n_move + n_twice]
         retire = ids[n_move + n_twice:n_move + n_twice + n_retire]
+        rest = ids[n_move + n_twice + n_retire:]
+        rename, orm = rest[:n_rename], rest[n_rename:n_rename + n_orm]
         dx, dy = TRANSLATE
         half = len(move) // 2
 
@@ -174,20 +199,31 @@ def main() -> int:
                 cur.execute(TRANSLATE_SQL, {"id": i, "dx": -dx, "dy": -dy})
         moved += 2 * len(twice)
 
-        say(f"edit: retiring {len(retire)} counties (geometry NULL keeps the last one)")
+        say(f"edit: renaming {len(rename)} counties (updated events: properties only, the geometry and cell stay)")
+        updated, _ = run_batches(conn, RENAME, [(i, f"{names[i]} (renamed)") for i in rename], "updated", len(rename))
+
+        # An ORM writes the row itself; record_edit, in the same transaction, records the event.
+        say(f"edit: {len(orm)} more renamed by the application's own UPDATE, each followed by record_edit")
+        with conn.transaction(), conn.cursor() as cur:
+            for i in orm:
+                cur.execute("UPDATE public.counties SET name = upper(name) WHERE fips = %s", (i,))
+                cur.execute("SELECT feature_outbox.record_edit('counties', %s, 'updated')", (i,))
+        updated += len(orm)
+
+        say(f"edit: retiring {len(retire)} counties (geometry NULL keeps the last one; retired_at is set)")
         retired, _ = run_batches(conn, RETIRE, [(i,) for i in retire], "retired", len(retire))
         s["edit_seconds"] = round(time.monotonic() - t0, 2)
 
-        s.update(moved=moved, moved_twice_features=len(twice), retired=retired,
-                 edits=s["created"] + moved + retired)
+        s.update(moved=moved, moved_twice_features=len(twice), updated=updated, retired=retired,
+                 edits=s["created"] + moved + updated + retired)
         s["moved_cells_changed"] = conn.execute("""
             SELECT count(*) FROM feature_outbox.outbox
              WHERE event_type = 'moved' AND routing_key IS DISTINCT FROM previous_routing_key""").fetchone()[0]
         s["outbox_rows"] = conn.execute("SELECT count(*) FROM feature_outbox.outbox").fetchone()[0]
 
-    say(f"edit: {s['moved']} moved ({s['moved_cells_changed']} into another H3 cell), {s['retired']} retired"
-        f" in {s['edit_seconds']} s")
-    say(f"load: {s['edits']} edits made in total ({s['created']} created + {s['moved']} moved"
+    say(f"edit: {s['moved']} moved ({s['moved_cells_changed']} into another H3 cell), {s['updated']} updated,"
+        f" {s['retired']} retired in {s['edit_seconds']} s")
+    say(f"load: {s['edits']} edits made in total ({s['created']} created + {s['moved']} moved + {s['updated']} updated"
         f" + {s['retired']} retired); outbox rows: {s['outbox_rows']}")
     if args.summary:
         args.summary.write_text(json.dumps(s) + "\n")

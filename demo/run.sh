@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make demo: the main job on real input. Every US county goes through edit_feature into a throwaway
-# PostgreSQL 15 cluster; some are moved and retired; the relay worker inside PostgreSQL publishes each
+# make demo: the main job on real input. Every US county goes through edit_feature into the
+# application's own table (public.counties, EPSG:5070, with name and state as attributes) in a
+# throwaway PostgreSQL 15 cluster; some are moved, renamed and retired; the relay worker inside PostgreSQL publishes each
 # outbox row to a throwaway NATS JetStream server; the reference consumer (examples/consumer) reads
 # them back with deduplication and per-feature ordering. Ends with a report, and fails unless the
 # consumer received exactly one event per edit and the outbox backlog is empty.
@@ -25,7 +26,7 @@ DEMO_DIR=${DEMO_DIR:-/var/tmp/feature_outbox_demo}
 DEMO_DATA=${DEMO_DATA:-$ROOT/../shared/data/us-counties.geojsonl}
 DEMO_TIMEOUT=${DEMO_TIMEOUT:-120}
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-STREAM=FEATURES          # feature_outbox.nats_stream's default; subjects features.<action>.<cell>
+STREAM=FEATURES          # feature_outbox.nats_stream's default; subjects features.<layer>.<action>.<cell>
 
 step() { printf '\n== %s\n' "$*"; }
 fail() { printf '\nDEMO FAILED: %s\n' "$*" >&2; exit 1; }
@@ -189,7 +190,7 @@ got = json.load(open(f"{run}/consumer.json"))   # the consumer's one-line summar
 relay = json.load(open(f"{run}/relay.json"))    # from the outbox: created_at and published_at
 relay_rate = relay["rows"] / relay["seconds"] if relay["seconds"] else 0
 
-print(f"""edits made             {load['edits']:>7}   ({load['created']} created, {load['moved']} moved, {load['retired']} retired)
+print(f"""edits made             {load['edits']:>7}   ({load['created']} created, {load['moved']} moved, {load['updated']} updated, {load['retired']} retired)
 unique events received {got['unique_events']:>7}   {json.dumps(got['by_action'], sort_keys=True)}
 duplicates seen        {got['duplicates']:>7}   (messages redelivered by JetStream: {got['redelivered']})
 stale events dropped   {got['stale_dropped']:>7}   (geometry_version older than one already applied)

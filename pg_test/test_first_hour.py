@@ -151,7 +151,13 @@ def test_the_quick_start_runs_as_written(cluster_with, nats_server):
                           "-U", "postgres", "-d", "gis"], input=script, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "permission denied" not in out.stderr
-    wait_for(lambda: len(nats_server.messages()) == 3, 15, "the quick start's three events")
+    # Four events of the layer parcels and three of the built-in layer.
+    got = wait_for(lambda: len(nats_server.messages()) == 7 and nats_server.messages(), 15, "the quick start's seven events")
+    by_layer = Counter(m["event"]["layer"] for m in got)
+    assert by_layer == {"parcels": 4, "features": 3}
+    parcels = [m["event"] for m in got if m["event"]["layer"] == "parcels"]
+    assert [e["action"] for e in parcels] == ["created", "updated", "updated", "retired"]
+    assert parcels[-1]["properties"] == {"name": "Block 4471 North", "zoning": "C4"}
 
 
 # 4 ------------------------------------------------------------------------------------------------
