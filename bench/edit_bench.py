@@ -64,18 +64,18 @@ ROWS = [
   FROM bench.shapes s WHERE b.id = :id AND s.id = :id AND s.k = :k;"""),
     ("UPDATE + outbox INSERT", """WITH u AS (UPDATE bench.bare b SET geom = s.g, version = b.version + 1, updated_at = now()
   FROM bench.shapes s WHERE b.id = :id AND s.id = :id AND s.k = :k RETURNING b.version)
-INSERT INTO bench.outbox (feature_id, feature_version, event_type, routing_key)
-SELECT :id, u.version, 'moved', 'cell' FROM u;"""),
+INSERT INTO bench.outbox (feature_id, feature_version, event_type, routing_key, layer)
+SELECT :id, u.version, 'moved', 'cell', 'features' FROM u;"""),
     ("floor: + ST_IsValid, ST_PointOnSurface", """WITH u AS (UPDATE bench.bare b SET geom = s.g, version = b.version + 1, updated_at = now()
   FROM bench.shapes s WHERE b.id = :id AND s.id = :id AND s.k = :k RETURNING b.version, b.geom)
-INSERT INTO bench.outbox (feature_id, feature_version, event_type, routing_key)
-SELECT :id, u.version, 'moved', ST_IsValid(u.geom)::text || ST_AsText(ST_PointOnSurface(u.geom)) FROM u;"""),
+INSERT INTO bench.outbox (feature_id, feature_version, event_type, routing_key, layer)
+SELECT :id, u.version, 'moved', ST_IsValid(u.geom)::text || ST_AsText(ST_PointOnSurface(u.geom)), 'features' FROM u;"""),
     ("edit_feature(id, geometry, 'moved')", """SELECT feature_outbox.edit_feature(:id::bigint,
   (SELECT s.g FROM bench.shapes s WHERE s.id = :id AND s.k = :k), 'moved');"""),
     ("text floor: ST_GeomFromGeoJSON + floor", """WITH u AS (UPDATE bench.bare b SET geom = ST_GeomFromGeoJSON(s.j), version = b.version + 1, updated_at = now()
   FROM bench.shapes s WHERE b.id = :id AND s.id = :id AND s.k = :k RETURNING b.version, b.geom)
-INSERT INTO bench.outbox (feature_id, feature_version, event_type, routing_key)
-SELECT :id, u.version, 'moved', ST_IsValid(u.geom)::text || ST_AsText(ST_PointOnSurface(u.geom)) FROM u;"""),
+INSERT INTO bench.outbox (feature_id, feature_version, event_type, routing_key, layer)
+SELECT :id, u.version, 'moved', ST_IsValid(u.geom)::text || ST_AsText(ST_PointOnSurface(u.geom)), 'features' FROM u;"""),
     ("edit_feature(id, GeoJSON text, 'moved')", """SELECT feature_outbox.edit_feature(:id::bigint,
   (SELECT s.j FROM bench.shapes s WHERE s.id = :id AND s.k = :k), 'moved');"""),
     ("layer: edit_feature('bench', id, geometry)", """SELECT feature_outbox.edit_feature('bench', :id::bigint,

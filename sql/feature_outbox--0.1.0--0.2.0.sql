@@ -164,7 +164,8 @@ CREATE FUNCTION _edit(p_layer text, p_feature_id bigint, p_geom geometry, p_even
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    lay layer_registry;   -- the user layer (unset for the built-in one)
+    user_layer boolean := p_layer IS DISTINCT FROM 'features';
+    lay record;           -- a user layer's layer_registry row, and has_state: its feature has a state row
     v_res integer;        -- feature_outbox.h3_resolution
     v_srid integer;
     crs text;             -- auth_name:auth_srid of a source SRID other than 4326
@@ -193,7 +194,9 @@ BEGIN
         RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
     END IF;
     IF p_layer IS DISTINCT FROM 'features' THEN
-        SELECT * INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+        -- One statement for both: the layer, and whether the feature has its state yet.
+        SELECT r.*, EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state
+          INTO lay FROM layer_registry r WHERE r.layer = p_layer;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
                 HINT = format('Registered layers: %s. Add one with register_layer().',
@@ -205,17 +208,24 @@ BEGIN
             RAISE EXCEPTION 'properties must be a JSON object, not %', jsonb_typeof(p_properties) USING ERRCODE = '22023',
                 HINT = 'Give the columns to set as keys, e.g. {"name": "Main St"}.';
         END IF;
-        SELECT string_agg(quote_ident(k), ', ') INTO bad FROM jsonb_object_keys(p_properties) k
-         WHERE lay.layer IS NULL OR k <> ALL (lay.properties::text[]);
-        IF bad IS NOT NULL THEN
-            RAISE EXCEPTION 'not a registered property of layer %: %', p_layer, bad USING ERRCODE = '22023',
-                HINT = CASE WHEN cardinality(lay.properties) > 0
-                            THEN format('Allowed keys: %s.', array_to_string(lay.properties, ', '))
-                            ELSE 'This layer has no registered properties; register_layer(..., properties => ...) lists them.' END;
-        END IF;
-        IF p_event_type = 'retired' AND lay.retired_column IS NULL THEN
-            RAISE EXCEPTION 'a retired event of layer % deletes the row, so it cannot set properties', p_layer
-                USING ERRCODE = '22023', HINT = 'Send an updated event first, or register the layer with a retired_column.';
+        IF NOT user_layer THEN
+            IF p_properties <> '{}' THEN
+                RAISE EXCEPTION 'the built-in layer features has no properties' USING ERRCODE = '22023',
+                    HINT = 'Register a table of your own with register_layer(..., properties => ...) for attributes.';
+            END IF;
+        ELSE
+            SELECT string_agg(quote_ident(k), ', ') INTO bad FROM jsonb_object_keys(p_properties) k
+             WHERE k <> ALL (lay.properties::text[]);
+            IF bad IS NOT NULL THEN
+                RAISE EXCEPTION 'not a registered property of layer %: %', p_layer, bad USING ERRCODE = '22023',
+                    HINT = CASE WHEN cardinality(lay.properties) > 0
+                                THEN format('Allowed keys: %s.', array_to_string(lay.properties, ', '))
+                                ELSE 'This layer has no registered properties; register_layer(..., properties => ...) lists them.' END;
+            END IF;
+            IF p_event_type = 'retired' AND lay.retired_column IS NULL THEN
+                RAISE EXCEPTION 'a retired event of layer % deletes the row, so it cannot set properties', p_layer
+                    USING ERRCODE = '22023', HINT = 'Send an updated event first, or register the layer with a retired_column.';
+            END IF;
         END IF;
     END IF;
     IF p_event_type = 'updated' AND p_geom IS NOT NULL AND NOT p_record THEN
@@ -323,7 +333,7 @@ BEGIN
         new_key := _h3_cell(v_point[1], v_point[2], v_res);
     END IF;
 
-    IF lay.layer IS NULL THEN
+    IF NOT user_layer THEN
         IF p_event_type = 'created' THEN
             WITH f AS (
                 INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
@@ -421,8 +431,7 @@ BEGIN
         END IF;
         fresh := p_event_type = 'created';
         IF NOT fresh THEN
-            PERFORM 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id;
-            IF NOT FOUND THEN
+            IF NOT lay.has_state THEN
                 IF p_record AND p_geom IS NOT NULL THEN
                     -- The row holds the new geometry already: the one before it is unknown.
                     fresh := true;
