@@ -319,7 +319,10 @@ def test_privileges_in_both_directions(relay, db):
         for sql in ("INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer) VALUES (1, 9, 'moved', 'x', 'shops')",
                     "UPDATE feature_outbox.feature_state SET routing_key = 'x'",
                     "INSERT INTO feature_outbox.layer_registry (layer, tbl, id_column, geometry_column, version_column, srid, geometry_type) VALUES ('x', 'public.shops', 'id', 'geom', 'version', 4326, 'Point')",
-                    "SELECT feature_outbox._layer_write('moved', 'public.shops', 'id', 'geom', 'version', NULL, 1, NULL::geometry, NULL)",
+                    "SELECT feature_outbox._layer_write('shops', 'moved', 'public.shops'::regclass, 'id', 'geom', 'version', NULL, 1, NULL::geometry, NULL, NULL)",
+                    "SELECT feature_outbox._as_caller_row('SELECT 1', 1)",
+                    "SELECT feature_outbox._record_edit('shops', 1, 'updated')",
+                    "SELECT feature_outbox._register_layer('x', 'public.shops', 'id', 'geom', 'version', '{}', NULL)",
                     "SELECT feature_outbox._edit('shops', 1, NULL, 'updated', NULL, NULL, false)",
                     "SELECT feature_outbox.edit_feature(77, '{\"type\":\"Point\",\"coordinates\":[0,0]}', 'created')"):
             assert fails(app, sql, watch=db)[0] == "42501", sql
@@ -439,3 +442,172 @@ def test_counties_into_conus_albers_route_as_the_reference(relay):
         assert sorted(f for f in reference if reference[f] != got.get(f)) == []
         srid, named = conn.execute("SELECT min(ST_SRID(geom)), count(*) FILTER (WHERE name IS NOT NULL) FROM counties").fetchone()
         assert srid == 5070 and named == len(counties)
+
+
+def test_writes_run_as_current_user_even_through_a_security_definer_wrapper(relay, db):
+    """The caller is current_user where edit_feature was called: a SECURITY DEFINER wrapper of the
+    table's owner writes with the owner's rights, and its triggers see the owner, not the session's
+    role (which has no rights on the table at all)."""
+    with relay.connect(DB) as su:
+        for role in ("wrap_owner", "wrap_user"):
+            su.execute(f"DROP OWNED BY {role}" if su.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() else "SELECT 1")
+            su.execute(f"DROP ROLE IF EXISTS {role}")
+            su.execute(f"CREATE ROLE {role} LOGIN")
+        su.execute("GRANT CREATE ON SCHEMA public TO wrap_owner")
+        su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(text, bigint, text, text, jsonb) TO wrap_owner")
+    owner = psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=wrap_owner"), autocommit=True)
+    with owner:
+        owner.execute("CREATE TABLE public.wrapped (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL,"
+                      " version int NOT NULL DEFAULT 0, seen_by name)")
+        owner.execute("SELECT feature_outbox.register_layer('wrapped', 'public.wrapped')")
+        owner.execute("""CREATE FUNCTION public.wrapped_seen() RETURNS trigger LANGUAGE plpgsql AS
+                         $$ BEGIN NEW.seen_by := current_user; RETURN NEW; END $$""")
+        owner.execute("CREATE TRIGGER wrapped_seen BEFORE INSERT OR UPDATE ON public.wrapped FOR EACH ROW EXECUTE FUNCTION public.wrapped_seen()")
+        owner.execute("""CREATE FUNCTION public.add_place(i int) RETURNS int LANGUAGE sql SECURITY DEFINER
+                         SET search_path = pg_catalog, public AS
+                         $$ SELECT feature_outbox.edit_feature('wrapped', i, '{"type":"Point","coordinates":[1,2]}', 'created') $$""")
+        owner.execute("GRANT EXECUTE ON FUNCTION public.add_place(int) TO wrap_user")
+    with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=wrap_user"), autocommit=True) as user:
+        assert user.execute("SELECT public.add_place(1)").fetchone()[0] == 1
+        # Without the wrapper, the role has no rights on the table.
+        assert fails(user, "SELECT feature_outbox.edit_feature('wrapped', 2, '{\"type\":\"Point\",\"coordinates\":[1,2]}', 'created')",
+                     watch=db)[0] == "42501"
+    assert db.execute("SELECT seen_by FROM public.wrapped WHERE id = 1").fetchone()[0] == "wrap_owner"
+    # A superuser's own edit runs the trigger as the superuser, as any write of theirs would.
+    db.execute("SELECT feature_outbox.edit_feature('wrapped', 3, '{\"type\":\"Point\",\"coordinates\":[1,2]}', 'created')")
+    assert db.execute("SELECT seen_by FROM public.wrapped WHERE id = 3").fetchone()[0] == "postgres"
+
+
+def test_the_relay_reads_a_layer_as_its_owner_with_its_own_search_path(relay, db, nats_server):
+    """Code a table's owner controls (here a cast to json, which to_jsonb uses) runs as that owner in
+    the relay, never as the relay's superuser; and a schema named after the relay's role cannot
+    shadow PostGIS."""
+    with relay.connect(DB) as su:
+        if su.execute("SELECT 1 FROM pg_roles WHERE rolname = 'moody'").fetchone():
+            su.execute("DROP OWNED BY moody")
+            su.execute("DROP ROLE moody")
+        su.execute("CREATE ROLE moody LOGIN")
+        su.execute("GRANT CREATE ON SCHEMA public TO moody")
+        su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(text, bigint, text, text, jsonb) TO moody")
+        # A trap for the relay's search_path ("$user" comes first): it would null every geometry.
+        su.execute("DROP SCHEMA IF EXISTS postgres CASCADE")
+        su.execute("CREATE SCHEMA postgres")
+        su.execute("CREATE FUNCTION postgres.st_transform(geometry, integer) RETURNS geometry LANGUAGE sql AS 'SELECT NULL::geometry'")
+        su.execute("CREATE FUNCTION postgres.st_asbinary(geometry) RETURNS bytea LANGUAGE sql AS 'SELECT NULL::bytea'")
+    try:
+        with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=moody"), autocommit=True) as m:
+            m.execute("CREATE TYPE public.mood AS ENUM ('calm', 'cross')")
+            m.execute("CREATE TABLE public.moods_seen (who name)")
+            m.execute("""CREATE FUNCTION public.mood_json(public.mood) RETURNS json LANGUAGE plpgsql AS
+                         $$ BEGIN INSERT INTO public.moods_seen VALUES (current_user); RETURN to_json($1::text); END $$""")
+            m.execute("CREATE CAST (public.mood AS json) WITH FUNCTION public.mood_json(public.mood)")
+            m.execute("CREATE TABLE public.moody_places (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL,"
+                      " version int NOT NULL DEFAULT 0, mood public.mood)")
+            m.execute("SELECT feature_outbox.register_layer('moody', 'public.moody_places', properties => '{mood}')")
+            m.execute("""SELECT feature_outbox.edit_feature('moody', 1, '{"type":"Point","coordinates":[3,4]}', 'created', '{"mood": "calm"}')""")
+        wait_for(lambda: relayed(db), 20, "the relay to publish the moody event")
+        [event] = [m["event"] for m in nats_server.messages() if m["event"]["layer"] == "moody"]
+        assert event["properties"] == {"mood": "calm"}
+        assert event["geometry"] == {"type": "Point", "coordinates": [3, 4]}
+        seen = {w for (w,) in db.execute("SELECT who FROM public.moods_seen").fetchall()}
+        assert seen == {"moody"}, seen
+    finally:
+        db.execute("DROP SCHEMA IF EXISTS postgres CASCADE")
+
+
+def test_layer_edge_cases_the_attack_found(relay, db, nats_server):
+    point = '{"type":"Point","coordinates":[10,20]}'
+    db.execute("CREATE TABLE public.plain (id int PRIMARY KEY, geom geometry(Point, 3857) NOT NULL, version int NOT NULL DEFAULT 0)")
+    db.execute("SELECT feature_outbox.register_layer('plain', 'public.plain')")
+    db.execute("SELECT feature_outbox.edit_feature('plain', 1, %s, 'created')", (point,))
+    # No retired column: a duplicate is 23505 and a missing id P0002 (not a formatting error).
+    assert fails(db, "SELECT feature_outbox.edit_feature('plain', 1, %s, 'created')", (point,))[0] == "23505"
+    assert fails(db, "SELECT feature_outbox.edit_feature('plain', 99, NULL::text, 'updated')")[0] == "P0002"
+    assert fails(db, "SELECT feature_outbox.edit_feature('plain', 99, %s, 'moved')", (point,))[0] == "P0002"
+    # record_edit('created') for a row that has events already: 23505; record_edit('retired') deletes.
+    with db.transaction():
+        db.execute("UPDATE public.plain SET version = version WHERE id = 1")
+        assert fails(db, "SELECT feature_outbox.record_edit('plain', 1, 'created')")[0] == "23505"
+        assert db.execute("SELECT feature_outbox.record_edit('plain', 1, 'retired')").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM public.plain").fetchone()[0] == 0
+    assert outbox(db, "plain", 1)[-1][:2] == (2, "retired")
+
+    # Outside the column's projection: a clear 22023, never XX000 or a garbage shape.
+    db.execute("CREATE TABLE public.polar (id int PRIMARY KEY, geom geometry(Point, 3031) NOT NULL, version int NOT NULL DEFAULT 0)")
+    db.execute("SELECT feature_outbox.register_layer('polar', 'public.polar')")
+    state, message, hint = fails(db, "SELECT feature_outbox.edit_feature('polar', 1, '{\"type\":\"Point\",\"coordinates\":[0,90]}', 'created')")
+    assert state == "22023" and "3031" in message and hint
+    db.execute("CREATE TABLE public.europe (id int PRIMARY KEY, geom geometry(Point, 3035) NOT NULL, version int NOT NULL DEFAULT 0)")
+    db.execute("SELECT feature_outbox.register_layer('europe', 'public.europe')")
+    assert fails(db, "SELECT feature_outbox.edit_feature('europe', 1, 'SRID=4326;POINT(-170 -52)'::geometry, 'created')")[0] == "22023"
+
+    # Deeply nested JSON is a jsonb value like any other.
+    db.execute("CREATE TABLE public.notes (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0, meta jsonb)")
+    db.execute("SELECT feature_outbox.register_layer('notes', 'public.notes', properties => '{meta}')")
+    deep = '{"meta": ' + "[" * 200 + "]" * 200 + "}"
+    db.execute("SELECT feature_outbox.edit_feature('notes', 1, %s, 'created', %s::jsonb)", (point, deep))
+    assert db.execute("SELECT jsonb_typeof(meta) FROM public.notes").fetchone()[0] == "array"
+
+    # Registration refuses what edits could never write.
+    db.execute("CREATE TABLE public.odd (id int UNIQUE DEFERRABLE NOT NULL, gid int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+               " geom geometry(Point, 4326), version int NOT NULL DEFAULT 0, twice int GENERATED ALWAYS AS (version * 2) STORED)")
+    for extra in ("", "id_column => 'gid'", "id_column => 'gid', version_column => 'gid'", "id_column => 'gid', properties => '{twice}'"):
+        sql = "SELECT feature_outbox.register_layer('odd', 'public.odd'" + (", " + extra if extra else "") + ")"
+        assert fails(db, sql)[0] == "22023", extra
+    db.execute("CREATE TEMP TABLE scratch_layer (id int PRIMARY KEY, geom geometry(Point, 4326), version int NOT NULL DEFAULT 0)")
+    assert fails(db, "SELECT feature_outbox.register_layer('scratch', 'pg_temp.scratch_layer')")[0] == "42809"
+
+    # A partitioned table takes every event.
+    db.execute("CREATE TABLE public.zones (id bigint PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0)"
+               " PARTITION BY RANGE (id)")
+    db.execute("CREATE TABLE public.zones_low PARTITION OF public.zones FOR VALUES FROM (0) TO (1000)")
+    db.execute("CREATE TABLE public.zones_high PARTITION OF public.zones FOR VALUES FROM (1000) TO (MAXVALUE)")
+    db.execute("SELECT feature_outbox.register_layer('zones', 'public.zones')")
+    for fid in (5, 5000):
+        db.execute("SELECT feature_outbox.edit_feature('zones', %s, %s, 'created')", (fid, point))
+        db.execute("SELECT feature_outbox.edit_feature('zones', %s, '{\"type\":\"Point\",\"coordinates\":[11,21]}', 'moved')", (fid,))
+        with db.transaction():
+            db.execute("UPDATE public.zones SET geom = ST_SetSRID(ST_MakePoint(12, 22), 4326) WHERE id = %s", (fid,))
+            assert db.execute("SELECT feature_outbox.record_edit('zones', %s, 'moved')", (fid,)).fetchone()[0] == 3
+            assert fails(db, "SELECT feature_outbox.record_edit('zones', %s, 'moved')", (fid,))[0] == "55000"
+
+    # A dropped table: a clear 42P01 naming the layer.
+    db.execute("DROP TABLE public.europe")
+    state, message, _ = fails(db, "SELECT feature_outbox.edit_feature('europe', 2, %s, 'created')", (point,))
+    assert state == "42P01" and "europe" in message
+    db.execute("SELECT feature_outbox.unregister_layer('europe')")
+
+
+def test_a_reused_layer_name_never_publishes_an_older_layers_rows(relay, db, nats_server):
+    point = '{"type":"Point","coordinates":[5,6]}'
+    db.execute("CREATE TABLE public.first_home (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0)")
+    db.execute("CREATE TABLE public.second_home (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0, tag text)")
+    db.execute("SELECT feature_outbox.register_layer('homes', 'public.first_home')")
+    db.execute("SELECT feature_outbox.edit_feature('homes', 1, %s, 'created')", (point,))
+    wait_for(lambda: relayed(db), 20, "the first home's event")
+    # Its row is republished by hand (as a parked row requeued by retry_parked() would be), after the
+    # name moved to another table.
+    db.execute("SELECT feature_outbox.unregister_layer('homes')")
+    db.execute("SELECT feature_outbox.register_layer('homes', 'public.second_home', properties => '{tag}')")
+    db.execute("INSERT INTO public.second_home VALUES (1, 'SRID=4326;POINT(50 60)', 77, 'unrelated')")
+    db.execute("UPDATE feature_outbox.outbox SET published_at = NULL WHERE layer = 'homes'")
+    parked = wait_for(lambda: db.execute("SELECT last_error FROM feature_outbox.outbox WHERE layer = 'homes' AND parked_at IS NOT NULL").fetchone(),
+                      20, "the older layer's row to park")
+    assert "earlier layer" in parked[0]
+    assert not [m for m in nats_server.messages() if m["event"]["layer"] == "homes" and m["event"]["geometry_version"] == 77]
+
+
+def test_unregister_waits_for_edits_of_its_layer_only(relay, db):
+    point = '{"type":"Point","coordinates":[7,8]}'
+    db.execute("CREATE TABLE public.going (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0)")
+    db.execute("SELECT feature_outbox.register_layer('going', 'public.going')")
+    with relay.connect(DB) as other:
+        with db.transaction():
+            db.execute("SELECT feature_outbox.unregister_layer('going')")
+            # Another layer's edit does not wait for the open unregister.
+            other.execute("SET lock_timeout = '2s'")
+            other.execute("SELECT feature_outbox.edit_feature('parcels', 901, %s, 'created')", (BLOCK_A,))
+            # An edit of the layer itself waits, then finds it gone.
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute("SELECT feature_outbox.edit_feature('going', 1, %s, 'created')", (point,))
+        assert fails(other, "SELECT feature_outbox.edit_feature('going', 1, %s, 'created')", (point,), watch=db)[0] == "42704"

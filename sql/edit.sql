@@ -110,8 +110,13 @@ DECLARE
     w text[];             -- _layer_write: {new version, row version}
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
     bad text;
+    keys text[];          -- the keys of p_properties
+    r text[];             -- a row read from the layer's table, as the caller
     n bigint;
 BEGIN
+    IF p_geom IS NULL AND p_wkb IS NOT NULL THEN  -- the GeoJSON form
+        p_geom := ST_GeomFromEWKB(p_wkb);
+    END IF;
     IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
             USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, updated, retired.';
@@ -119,7 +124,10 @@ BEGIN
     IF p_feature_id IS NULL THEN
         RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
     END IF;
-    IF p_layer IS DISTINCT FROM 'features' THEN
+    IF user_layer THEN
+        -- Shared with every edit of this layer; unregister_layer takes it exclusively, so a layer
+        -- cannot go while an edit of it has yet to commit, and the lookup below sees it gone.
+        PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
         -- One statement for both: the layer, and whether the feature has its state yet.
         SELECT r.*, EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state
           INTO lay FROM layer_registry r WHERE r.layer = p_layer;
@@ -140,7 +148,8 @@ BEGIN
                     HINT = 'Register a table of your own with register_layer(..., properties => ...) for attributes.';
             END IF;
         ELSE
-            SELECT string_agg(quote_ident(k), ', ') INTO bad FROM jsonb_object_keys(p_properties) k
+            keys := ARRAY(SELECT jsonb_object_keys(p_properties));
+            SELECT string_agg(quote_ident(k), ', ') INTO bad FROM unnest(keys) k
              WHERE k <> ALL (lay.properties::text[]);
             IF bad IS NOT NULL THEN
                 RAISE EXCEPTION 'not a registered property of layer %: %', p_layer, bad USING ERRCODE = '22023',
@@ -346,8 +355,31 @@ BEGIN
         -- A user layer. Its row is written by _layer_write with the calling role's rights; the state
         -- and outbox rows here, as the owner. The row's lock orders concurrent edits of one feature.
         IF g IS NOT NULL AND (NOT p_record OR reshaped) THEN
-            -- The column's SRID: the input as given when it is in it already, else transformed.
-            store := CASE WHEN v_srid = lay.srid AND NOT reshaped THEN p_geom ELSE ST_Transform(g, lay.srid) END;
+            -- The column's SRID: the input as given when it is in it already, else transformed. PROJ
+            -- fails, or silently returns garbage, for shapes outside a projection's domain: transform
+            -- back and compare, as for the input.
+            IF (v_srid = lay.srid AND NOT reshaped) OR lay.srid = 4326 THEN
+                store := CASE WHEN lay.srid = 4326 THEN g ELSE p_geom END;
+            ELSE
+                BEGIN
+                    store := ST_Transform(g, lay.srid);
+                    back := ST_Transform(store, 4326);
+                EXCEPTION WHEN internal_error THEN
+                    back := NULL;
+                END;
+                -- Near a projection's singularity (the antipode of a polar stereographic CRS's pole)
+                -- the inverse still lands, but the forward coordinates run off to 1e23: no ordinate of
+                -- a place on Earth exceeds 1e9 units (a million kilometres).
+                IF back IS NULL OR greatest(abs(ST_XMin(back) - ST_XMin(g)), abs(ST_XMax(back) - ST_XMax(g)),
+                                            abs(ST_YMin(back) - ST_YMin(g)), abs(ST_YMax(back) - ST_YMax(g))) > 1e-6
+                   OR NOT greatest(abs(ST_XMin(store)), abs(ST_XMax(store)), abs(ST_YMin(store)), abs(ST_YMax(store))) <= 1e9 THEN
+                    RAISE EXCEPTION 'the geometry cannot be stored in SRID % of layer %', lay.srid, p_layer
+                        USING ERRCODE = '22023', DETAIL = format('%s in EPSG:4326 is outside the domain of SRID %s.',
+                              ST_AsText(ST_Envelope(g)), lay.srid),
+                        HINT = format('Column %I of %s is declared in SRID %s; this shape lies where that projection does not reach.',
+                                      lay.geometry_column, lay.tbl, lay.srid);
+                END IF;
+            END IF;
             IF lay.geometry_type <> 'Geometry' AND GeometryType(store) <> upper(lay.geometry_type) THEN
                 RAISE EXCEPTION 'layer % stores %, not %', p_layer, lay.geometry_type, substr(ST_GeometryType(store), 4)
                     USING ERRCODE = '22023', HINT = CASE WHEN reshaped
@@ -364,8 +396,9 @@ BEGIN
                 ELSE
                     -- A row written before the layer was registered: its state, from its stored geometry.
                     BEGIN
-                        EXECUTE format('SELECT ST_Transform(t.%I, 4326) FROM %s t WHERE t.%I = $1',
-                                       lay.geometry_column, lay.tbl, lay.id_column) INTO shape USING p_feature_id;
+                        r := _as_caller_row(format('SELECT ST_AsHEXEWKB(ST_Transform(t.%I, 4326)) FROM %s t WHERE t.%I = $1',
+                                                   lay.geometry_column, lay.tbl, lay.id_column), p_feature_id);
+                        shape := r[1]::geometry;
                         IF shape IS NOT NULL THEN
                             INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
                             SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
@@ -387,17 +420,18 @@ BEGIN
             END IF;
         END IF;
 
-        w := _layer_write(CASE WHEN p_record THEN 'record_' || p_event_type
-                               WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
-                               ELSE p_event_type END,
-                          lay.tbl::text, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
-                          p_feature_id, store, p_properties);
+        w := _layer_write(p_layer, CASE WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
+                                        WHEN p_record THEN 'record_' || p_event_type
+                                        ELSE p_event_type END,
+                          lay.tbl, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
+                          p_feature_id, store, p_properties::text, keys);
         IF w IS NULL THEN
-            EXECUTE format('SELECT %s FROM %s t WHERE t.%I = $1',
-                           coalesce(format('t.%I', lay.retired_column), 'NULL::timestamptz'), lay.tbl, lay.id_column)
-               INTO old_retired USING p_feature_id;
-            GET DIAGNOSTICS n = ROW_COUNT;
-            IF p_event_type = 'created' AND n > 0 THEN
+            r := _as_caller_row(format('SELECT (%s)::text FROM %s t WHERE t.%I = $1',
+                                       CASE WHEN lay.retired_column IS NULL THEN 'NULL::timestamptz'
+                                            ELSE format('t.%I', lay.retired_column) END,
+                                       lay.tbl, lay.id_column), p_feature_id);
+            old_retired := r[1]::timestamptz;
+            IF p_event_type = 'created' AND r IS NOT NULL THEN
                 RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = format('feature %s already exists in layer %s%s',
                     p_feature_id, p_layer, CASE WHEN old_retired IS NOT NULL THEN ' and is retired' ELSE '' END),
                     HINT = 'Send a moved or updated event to change it; ids of retired features are not reused.';
@@ -479,18 +513,13 @@ COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
     'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';
 
--- A user layer's forms. The row is written with the caller's own rights (edit/layers.rs); the
--- outbox row, which no role may write directly, as the owner.
+-- A user layer's forms, and record_edit: C entry points (src/edit/layers.rs) that record the
+-- calling role, then run _edit (or _record_edit) as the extension's owner. The row is written with
+-- the caller's own rights; the outbox row, which no role may write directly, as the owner.
 CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-DECLARE
-    wkb bytea := CASE WHEN $3 IS NOT NULL THEN _geojson_to_ewkb($3) END;
-BEGIN
-    RETURN _edit($1, $2, ST_GeomFromEWKB(wkb), $4, wkb, $5, false);
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: GeoJSON (RFC 7946), '
     'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
@@ -498,57 +527,63 @@ COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
 
 CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-BEGIN
-    RETURN _edit($1, $2, $3, $4, NULL, $5, false);
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: any known SRID, stored '
     'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
     'retired. properties: registered columns to set. Returns the new version.';
 
+CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+
 -- For applications whose ORM writes the row itself: called after that write, in the same
 -- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
 -- recorded, so no role can invent an event for a change that did not happen.
-CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+CREATE FUNCTION _record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry;
-    r record;
-    n bigint;
+    r text[];             -- {xmin, row version, geometry (HEXEWKB)}, read as the caller
+    recorded text;
 BEGIN
     IF layer = 'features' THEN
         RAISE EXCEPTION 'record_edit serves user layers' USING ERRCODE = '22023',
             HINT = 'The built-in layer features is written by edit_feature(feature_id, geometry, event_type).';
     END IF;
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = record_edit.layer;
+    PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(layer));
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = _record_edit.layer;
     IF NOT FOUND OR feature_id IS NULL OR event_type IS NULL
        OR event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
         RETURN _edit(layer, feature_id, NULL, event_type, NULL, NULL, true);  -- raises the input's error
     END IF;
-    EXECUTE format('SELECT t.xmin AS xmin, t.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text AS row_version, '
-                   't.%I AS geom FROM %s t WHERE t.%I = $1', lay.geometry_column, lay.tbl, lay.id_column)
-       INTO r USING feature_id;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n = 0 THEN
+    r := _as_caller_row(format('SELECT t.xmin::text, %s, ST_AsHEXEWKB(t.%I) FROM %s t WHERE t.%I = $1',
+                               't.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text',
+                               lay.geometry_column, lay.tbl, lay.id_column), feature_id);
+    IF r IS NULL THEN
         RAISE EXCEPTION 'feature % does not exist in layer %', feature_id, layer USING ERRCODE = 'P0002',
             HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction.';
     END IF;
+    SELECT s.row_version INTO recorded FROM feature_state s
+     WHERE s.layer = _record_edit.layer AND s.feature_id = _record_edit.feature_id;
+    IF event_type = 'created' AND FOUND THEN
+        RAISE EXCEPTION 'feature % of layer % has events already', feature_id, layer USING ERRCODE = '23505',
+            HINT = 'Record a moved or updated event for a row that was written before.';
+    END IF;
     -- A retired event makes its change itself (sets the retired column, or deletes the row).
-    IF event_type <> 'retired' AND NOT _written_by_this_transaction(r.xmin) THEN
+    IF event_type <> 'retired' AND NOT _written_by_this_transaction(r[1]::xid) THEN
         RAISE EXCEPTION 'feature % of layer % was not written by this transaction', feature_id, layer
             USING ERRCODE = '55000',
             HINT = 'record_edit records a change this transaction made: write the row first, then call it before COMMIT.';
     END IF;
-    IF r.row_version = (SELECT s.row_version FROM feature_state s WHERE s.layer = record_edit.layer
-                                                                   AND s.feature_id = record_edit.feature_id) THEN
+    IF r[2] = recorded THEN
         RAISE EXCEPTION 'the current row of feature % of layer % has its event already', feature_id, layer
             USING ERRCODE = '55000', HINT = 'Write the row again before recording another event for it.';
     END IF;
-    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r.geom END, event_type, NULL, NULL, true);
+    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r[3]::geometry END,
+                 event_type, NULL, NULL, true);
 END
 $$;
 COMMENT ON FUNCTION record_edit(text, bigint, text) IS

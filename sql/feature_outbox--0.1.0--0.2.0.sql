@@ -130,17 +130,20 @@ BEGIN
 END
 $$;
 
--- The user-table write (with the caller's rights) and record_edit's check (src/edit/layers.rs).
+-- The user-table write (with the caller's rights), reads as the caller, and record_edit's check
+-- (src/edit/layers.rs).
 CREATE  FUNCTION "_layer_write"(
+	"layer" TEXT, /* & str */
 	"op" TEXT, /* & str */
-	"tbl" TEXT, /* & str */
+	"tbl" oid, /* pg_sys :: Oid */
 	"id_column" TEXT, /* & str */
 	"geometry_column" TEXT, /* & str */
 	"version_column" TEXT, /* & str */
 	"retired_column" TEXT, /* Option < & str > */
 	"feature_id" bigint, /* i64 */
 	"geometry" anyelement, /* Option < AnyElement > */
-	"properties" jsonb /* Option < JsonB > */
+	"properties" TEXT, /* Option < & str > */
+	"keys" TEXT[] /* :: std :: option :: Option < Vec < String > > */
 ) RETURNS TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
 VOLATILE
 LANGUAGE c /* Rust */
@@ -152,6 +155,14 @@ CREATE  FUNCTION "_written_by_this_transaction"(
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_written_by_this_transaction_wrapper';
+
+CREATE  FUNCTION "_as_caller_row"(
+	"sql" TEXT, /* & str */
+	"feature_id" bigint /* i64 */
+) RETURNS TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_as_caller_row_wrapper';
 
 -- The write path behind every edit_feature form and record_edit. p_layer: a registered layer
 -- ('features' is the built-in table). p_wkb: the geometry's (E)WKB when the caller has it already
@@ -184,8 +195,13 @@ DECLARE
     w text[];             -- _layer_write: {new version, row version}
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
     bad text;
+    keys text[];          -- the keys of p_properties
+    r text[];             -- a row read from the layer's table, as the caller
     n bigint;
 BEGIN
+    IF p_geom IS NULL AND p_wkb IS NOT NULL THEN  -- the GeoJSON form
+        p_geom := ST_GeomFromEWKB(p_wkb);
+    END IF;
     IF p_event_type IS NULL OR p_event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
         RAISE EXCEPTION 'unknown event_type %', coalesce(quote_literal(p_event_type), 'NULL')
             USING ERRCODE = '22023', HINT = 'event_type must be one of: created, moved, updated, retired.';
@@ -193,7 +209,10 @@ BEGIN
     IF p_feature_id IS NULL THEN
         RAISE EXCEPTION 'feature_id must not be NULL' USING ERRCODE = '22004';
     END IF;
-    IF p_layer IS DISTINCT FROM 'features' THEN
+    IF user_layer THEN
+        -- Shared with every edit of this layer; unregister_layer takes it exclusively, so a layer
+        -- cannot go while an edit of it has yet to commit, and the lookup below sees it gone.
+        PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
         -- One statement for both: the layer, and whether the feature has its state yet.
         SELECT r.*, EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state
           INTO lay FROM layer_registry r WHERE r.layer = p_layer;
@@ -214,7 +233,8 @@ BEGIN
                     HINT = 'Register a table of your own with register_layer(..., properties => ...) for attributes.';
             END IF;
         ELSE
-            SELECT string_agg(quote_ident(k), ', ') INTO bad FROM jsonb_object_keys(p_properties) k
+            keys := ARRAY(SELECT jsonb_object_keys(p_properties));
+            SELECT string_agg(quote_ident(k), ', ') INTO bad FROM unnest(keys) k
              WHERE k <> ALL (lay.properties::text[]);
             IF bad IS NOT NULL THEN
                 RAISE EXCEPTION 'not a registered property of layer %: %', p_layer, bad USING ERRCODE = '22023',
@@ -420,8 +440,31 @@ BEGIN
         -- A user layer. Its row is written by _layer_write with the calling role's rights; the state
         -- and outbox rows here, as the owner. The row's lock orders concurrent edits of one feature.
         IF g IS NOT NULL AND (NOT p_record OR reshaped) THEN
-            -- The column's SRID: the input as given when it is in it already, else transformed.
-            store := CASE WHEN v_srid = lay.srid AND NOT reshaped THEN p_geom ELSE ST_Transform(g, lay.srid) END;
+            -- The column's SRID: the input as given when it is in it already, else transformed. PROJ
+            -- fails, or silently returns garbage, for shapes outside a projection's domain: transform
+            -- back and compare, as for the input.
+            IF (v_srid = lay.srid AND NOT reshaped) OR lay.srid = 4326 THEN
+                store := CASE WHEN lay.srid = 4326 THEN g ELSE p_geom END;
+            ELSE
+                BEGIN
+                    store := ST_Transform(g, lay.srid);
+                    back := ST_Transform(store, 4326);
+                EXCEPTION WHEN internal_error THEN
+                    back := NULL;
+                END;
+                -- Near a projection's singularity (the antipode of a polar stereographic CRS's pole)
+                -- the inverse still lands, but the forward coordinates run off to 1e23: no ordinate of
+                -- a place on Earth exceeds 1e9 units (a million kilometres).
+                IF back IS NULL OR greatest(abs(ST_XMin(back) - ST_XMin(g)), abs(ST_XMax(back) - ST_XMax(g)),
+                                            abs(ST_YMin(back) - ST_YMin(g)), abs(ST_YMax(back) - ST_YMax(g))) > 1e-6
+                   OR NOT greatest(abs(ST_XMin(store)), abs(ST_XMax(store)), abs(ST_YMin(store)), abs(ST_YMax(store))) <= 1e9 THEN
+                    RAISE EXCEPTION 'the geometry cannot be stored in SRID % of layer %', lay.srid, p_layer
+                        USING ERRCODE = '22023', DETAIL = format('%s in EPSG:4326 is outside the domain of SRID %s.',
+                              ST_AsText(ST_Envelope(g)), lay.srid),
+                        HINT = format('Column %I of %s is declared in SRID %s; this shape lies where that projection does not reach.',
+                                      lay.geometry_column, lay.tbl, lay.srid);
+                END IF;
+            END IF;
             IF lay.geometry_type <> 'Geometry' AND GeometryType(store) <> upper(lay.geometry_type) THEN
                 RAISE EXCEPTION 'layer % stores %, not %', p_layer, lay.geometry_type, substr(ST_GeometryType(store), 4)
                     USING ERRCODE = '22023', HINT = CASE WHEN reshaped
@@ -438,8 +481,9 @@ BEGIN
                 ELSE
                     -- A row written before the layer was registered: its state, from its stored geometry.
                     BEGIN
-                        EXECUTE format('SELECT ST_Transform(t.%I, 4326) FROM %s t WHERE t.%I = $1',
-                                       lay.geometry_column, lay.tbl, lay.id_column) INTO shape USING p_feature_id;
+                        r := _as_caller_row(format('SELECT ST_AsHEXEWKB(ST_Transform(t.%I, 4326)) FROM %s t WHERE t.%I = $1',
+                                                   lay.geometry_column, lay.tbl, lay.id_column), p_feature_id);
+                        shape := r[1]::geometry;
                         IF shape IS NOT NULL THEN
                             INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
                             SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
@@ -461,17 +505,18 @@ BEGIN
             END IF;
         END IF;
 
-        w := _layer_write(CASE WHEN p_record THEN 'record_' || p_event_type
-                               WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
-                               ELSE p_event_type END,
-                          lay.tbl::text, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
-                          p_feature_id, store, p_properties);
+        w := _layer_write(p_layer, CASE WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
+                                        WHEN p_record THEN 'record_' || p_event_type
+                                        ELSE p_event_type END,
+                          lay.tbl, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
+                          p_feature_id, store, p_properties::text, keys);
         IF w IS NULL THEN
-            EXECUTE format('SELECT %s FROM %s t WHERE t.%I = $1',
-                           coalesce(format('t.%I', lay.retired_column), 'NULL::timestamptz'), lay.tbl, lay.id_column)
-               INTO old_retired USING p_feature_id;
-            GET DIAGNOSTICS n = ROW_COUNT;
-            IF p_event_type = 'created' AND n > 0 THEN
+            r := _as_caller_row(format('SELECT (%s)::text FROM %s t WHERE t.%I = $1',
+                                       CASE WHEN lay.retired_column IS NULL THEN 'NULL::timestamptz'
+                                            ELSE format('t.%I', lay.retired_column) END,
+                                       lay.tbl, lay.id_column), p_feature_id);
+            old_retired := r[1]::timestamptz;
+            IF p_event_type = 'created' AND r IS NOT NULL THEN
                 RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = format('feature %s already exists in layer %s%s',
                     p_feature_id, p_layer, CASE WHEN old_retired IS NOT NULL THEN ' and is retired' ELSE '' END),
                     HINT = 'Send a moved or updated event to change it; ids of retired features are not reused.';
@@ -553,18 +598,13 @@ COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
     'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';
 
--- A user layer's forms. The row is written with the caller's own rights (edit/layers.rs); the
--- outbox row, which no role may write directly, as the owner.
+-- A user layer's forms, and record_edit: C entry points (src/edit/layers.rs) that record the
+-- calling role, then run _edit (or _record_edit) as the extension's owner. The row is written with
+-- the caller's own rights; the outbox row, which no role may write directly, as the owner.
 CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-DECLARE
-    wkb bytea := CASE WHEN $3 IS NOT NULL THEN _geojson_to_ewkb($3) END;
-BEGIN
-    RETURN _edit($1, $2, ST_GeomFromEWKB(wkb), $4, wkb, $5, false);
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: GeoJSON (RFC 7946), '
     'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
@@ -572,57 +612,63 @@ COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
 
 CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-BEGIN
-    RETURN _edit($1, $2, $3, $4, NULL, $5, false);
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: any known SRID, stored '
     'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
     'retired. properties: registered columns to set. Returns the new version.';
 
+CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+
 -- For applications whose ORM writes the row itself: called after that write, in the same
 -- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
 -- recorded, so no role can invent an event for a change that did not happen.
-CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+CREATE FUNCTION _record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry;
-    r record;
-    n bigint;
+    r text[];             -- {xmin, row version, geometry (HEXEWKB)}, read as the caller
+    recorded text;
 BEGIN
     IF layer = 'features' THEN
         RAISE EXCEPTION 'record_edit serves user layers' USING ERRCODE = '22023',
             HINT = 'The built-in layer features is written by edit_feature(feature_id, geometry, event_type).';
     END IF;
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = record_edit.layer;
+    PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(layer));
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = _record_edit.layer;
     IF NOT FOUND OR feature_id IS NULL OR event_type IS NULL
        OR event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
         RETURN _edit(layer, feature_id, NULL, event_type, NULL, NULL, true);  -- raises the input's error
     END IF;
-    EXECUTE format('SELECT t.xmin AS xmin, t.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text AS row_version, '
-                   't.%I AS geom FROM %s t WHERE t.%I = $1', lay.geometry_column, lay.tbl, lay.id_column)
-       INTO r USING feature_id;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n = 0 THEN
+    r := _as_caller_row(format('SELECT t.xmin::text, %s, ST_AsHEXEWKB(t.%I) FROM %s t WHERE t.%I = $1',
+                               't.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text',
+                               lay.geometry_column, lay.tbl, lay.id_column), feature_id);
+    IF r IS NULL THEN
         RAISE EXCEPTION 'feature % does not exist in layer %', feature_id, layer USING ERRCODE = 'P0002',
             HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction.';
     END IF;
+    SELECT s.row_version INTO recorded FROM feature_state s
+     WHERE s.layer = _record_edit.layer AND s.feature_id = _record_edit.feature_id;
+    IF event_type = 'created' AND FOUND THEN
+        RAISE EXCEPTION 'feature % of layer % has events already', feature_id, layer USING ERRCODE = '23505',
+            HINT = 'Record a moved or updated event for a row that was written before.';
+    END IF;
     -- A retired event makes its change itself (sets the retired column, or deletes the row).
-    IF event_type <> 'retired' AND NOT _written_by_this_transaction(r.xmin) THEN
+    IF event_type <> 'retired' AND NOT _written_by_this_transaction(r[1]::xid) THEN
         RAISE EXCEPTION 'feature % of layer % was not written by this transaction', feature_id, layer
             USING ERRCODE = '55000',
             HINT = 'record_edit records a change this transaction made: write the row first, then call it before COMMIT.';
     END IF;
-    IF r.row_version = (SELECT s.row_version FROM feature_state s WHERE s.layer = record_edit.layer
-                                                                   AND s.feature_id = record_edit.feature_id) THEN
+    IF r[2] = recorded THEN
         RAISE EXCEPTION 'the current row of feature % of layer % has its event already', feature_id, layer
             USING ERRCODE = '55000', HINT = 'Write the row again before recording another event for it.';
     END IF;
-    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r.geom END, event_type, NULL, NULL, true);
+    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r[3]::geometry END,
+                 event_type, NULL, NULL, true);
 END
 $$;
 COMMENT ON FUNCTION record_edit(text, bigint, text) IS
@@ -630,11 +676,15 @@ COMMENT ON FUNCTION record_edit(text, bigint, text) IS
     'otherwise) and writes the outbox row, routed on the row''s geometry. retired deletes the row when the layer has no '
     'retired_column. Returns the new version. Refuses (55000) a row this transaction did not write since its last event.';
 
+REVOKE ALL ON FUNCTION edit_feature(bigint, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(text, bigint, text, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION record_edit(text, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _layer_write(text, text, text, text, text, text, bigint, anyelement, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _record_edit(text, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _layer_write(text, text, oid, text, text, text, text, bigint, anyelement, text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _as_caller_row(text, bigint) FROM PUBLIC;
 
 DROP FUNCTION _check_coordinates(bytea, boolean);
 DROP FUNCTION _crosses_antimeridian(bytea);
@@ -665,6 +715,8 @@ CREATE TABLE layer_registry (
     retired_column   name,                -- NULL: retired deletes the row
     srid             integer  NOT NULL,   -- the geometry column's declared SRID
     geometry_type    text     NOT NULL,   -- the column's declared type (postgis_typmod_type), e.g. Polygon
+    -- Outbox rows below this id were written for an earlier layer of the same name (unregistered since).
+    since_id         bigint   NOT NULL DEFAULT 0,
     registered_at    timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
@@ -678,6 +730,9 @@ CREATE  FUNCTION "_caller_role"() RETURNS oid /* pg_sys :: Oid */
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_caller_role_wrapper';
+
+-- Edits of a layer hold this advisory lock shared until they commit; unregister_layer takes it
+-- exclusively: (1179601241, hashtext(layer)). The first key spells FOLY.
 
 CREATE FUNCTION _column_type(tbl regclass, col name, what text) RETURNS pg_attribute
 LANGUAGE plpgsql STABLE
@@ -698,7 +753,12 @@ $$;
 CREATE FUNCTION register_layer(layer text, tbl regclass, id_column name DEFAULT 'id',
                                geometry_column name DEFAULT 'geom', version_column name DEFAULT 'version',
                                properties name[] DEFAULT '{}', retired_column name DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+
+CREATE FUNCTION _register_layer(layer text, tbl regclass, id_column name, geometry_column name, version_column name,
+                                properties name[], retired_column name) RETURNS void
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     caller oid := _caller_role();
@@ -712,7 +772,7 @@ BEGIN
         RAISE EXCEPTION 'invalid layer name %', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '22023',
             HINT = 'A layer name is a NATS subject token: 1 to 64 of a-z, 0-9, _ and -.';
     END IF;
-    IF EXISTS (SELECT 1 FROM layer_registry r WHERE r.layer = register_layer.layer) THEN
+    IF EXISTS (SELECT 1 FROM layer_registry r WHERE r.layer = _register_layer.layer) THEN
         RAISE EXCEPTION 'layer % is already registered', layer USING ERRCODE = '42710',
             HINT = format('See feature_outbox.layers; unregister_layer(%L) first to register it again.', layer);
     END IF;
@@ -723,6 +783,15 @@ BEGIN
     IF rel.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', tbl USING ERRCODE = '42809',
             HINT = 'A layer is an ordinary or partitioned table; views and foreign tables cannot be written with their events.';
+    END IF;
+    IF rel.relpersistence = 't' THEN
+        RAISE EXCEPTION '% is a temporary table', tbl USING ERRCODE = '42809',
+            HINT = 'A layer outlives the session: register a permanent table.';
+    END IF;
+    IF cardinality(array_remove(ARRAY[id_column, geometry_column, version_column, retired_column]::name[], NULL))
+       <> (SELECT count(DISTINCT c) FROM unnest(ARRAY[id_column, geometry_column, version_column, retired_column]::name[]) c) THEN
+        RAISE EXCEPTION 'id, geometry, version and retired columns must be four different columns' USING ERRCODE = '22023',
+            HINT = 'Each has its own job: the id names the feature, the version counts its edits.';
     END IF;
     IF NOT pg_has_role(caller, rel.relowner, 'USAGE')
        AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller) THEN
@@ -735,12 +804,17 @@ BEGIN
         RAISE EXCEPTION 'id column % is of type %', quote_ident(id_column), format_type(a.atttypid, a.atttypmod)
             USING ERRCODE = '22023', HINT = 'The id column must be smallint, integer or bigint.';
     END IF;
+    IF a.attidentity = 'a' OR a.attgenerated <> '' THEN
+        RAISE EXCEPTION 'id column % is GENERATED ALWAYS', quote_ident(id_column) USING ERRCODE = '22023',
+            HINT = 'edit_feature writes the id the caller gives; use GENERATED BY DEFAULT AS IDENTITY, or none.';
+    END IF;
+    -- ON CONFLICT needs a valid, immediate unique index on the id alone.
     IF NOT a.attnotnull OR NOT EXISTS (
            SELECT 1 FROM pg_index i
             WHERE i.indrelid = tbl AND i.indisunique AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum
-              AND i.indpred IS NULL AND i.indexprs IS NULL) THEN
+              AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indisvalid AND i.indimmediate) THEN
         RAISE EXCEPTION 'id column % is not the primary key or a unique NOT NULL column', quote_ident(id_column)
-            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD PRIMARY KEY (%I), or add a unique constraint and NOT NULL.', tbl, id_column);
+            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD PRIMARY KEY (%I), or add a unique constraint (not deferrable) and NOT NULL.', tbl, id_column);
     END IF;
 
     a := _column_type(tbl, geometry_column, 'geometry');
@@ -763,9 +837,13 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'feature_outbox writes 2D geometries (GeoJSON positions of x and y); use a column without Z or M.';
     END IF;
     v_type := postgis_typmod_type(a.atttypmod);
+    IF a.attgenerated <> '' THEN
+        RAISE EXCEPTION 'geometry column % is a generated column', quote_ident(geometry_column) USING ERRCODE = '22023',
+            HINT = 'edit_feature writes the geometry: register the column it is generated from, or a plain one.';
+    END IF;
 
     a := _column_type(tbl, version_column, 'version');
-    IF a.atttypid <> 'int4'::regtype OR NOT a.attnotnull THEN
+    IF a.atttypid <> 'int4'::regtype OR NOT a.attnotnull OR a.attgenerated <> '' OR a.attidentity = 'a' THEN
         RAISE EXCEPTION 'version column % must be integer NOT NULL; it is % %', quote_ident(version_column),
             format_type(a.atttypid, a.atttypmod), CASE WHEN a.attnotnull THEN 'NOT NULL' ELSE 'nullable' END
             USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD COLUMN %I integer NOT NULL DEFAULT 0.', tbl, version_column);
@@ -773,7 +851,7 @@ BEGIN
 
     IF retired_column IS NOT NULL THEN
         a := _column_type(tbl, retired_column, 'retired');
-        IF a.atttypid <> 'timestamptz'::regtype OR a.attnotnull THEN
+        IF a.atttypid <> 'timestamptz'::regtype OR a.attnotnull OR a.attgenerated <> '' THEN
             RAISE EXCEPTION 'retired column % must be a nullable timestamptz', quote_ident(retired_column)
                 USING ERRCODE = '22023', HINT = 'Give NULL as retired_column to have retired events delete the row instead.';
         END IF;
@@ -788,14 +866,20 @@ BEGIN
             RAISE EXCEPTION 'property % is the layer''s id, geometry, version or retired column', quote_ident(p)
                 USING ERRCODE = '22023', HINT = 'Each event carries those already; list only attribute columns as properties.';
         END IF;
+        IF a.attgenerated <> '' OR a.attidentity = 'a' THEN
+            RAISE EXCEPTION 'property % is a generated column', quote_ident(p) USING ERRCODE = '22023',
+                HINT = 'edit_feature sets properties; a generated column cannot be set. Events still carry it if you list it nowhere else.';
+        END IF;
     END LOOP;
     IF cardinality(properties) <> (SELECT count(DISTINCT x) FROM unnest(properties) x) THEN
         RAISE EXCEPTION 'properties lists a column twice' USING ERRCODE = '22023', HINT = 'List each column once.';
     END IF;
 
+    -- since_id: outbox rows below it belong to an earlier registration of the same name.
     INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
-                                srid, geometry_type)
-    VALUES (layer, tbl, id_column, geometry_column, version_column, properties, retired_column, v_srid, v_type);
+                                srid, geometry_type, since_id)
+    VALUES (layer, tbl, id_column, geometry_column, version_column, properties, retired_column, v_srid, v_type,
+            nextval('outbox_id_seq'));
 END
 $$;
 COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) IS
@@ -805,7 +889,11 @@ COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], nam
     'retired_column: a nullable timestamptz that retired sets (NULL: retired deletes the row).';
 
 CREATE FUNCTION unregister_layer(layer text) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+
+CREATE FUNCTION _unregister_layer(layer text) RETURNS void
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     caller oid := _caller_role();
@@ -816,27 +904,27 @@ BEGIN
         RAISE EXCEPTION 'the built-in layer features cannot be unregistered' USING ERRCODE = '0A000',
             HINT = 'It belongs to the extension; DROP EXTENSION removes it.';
     END IF;
-    SELECT * INTO r FROM layer_registry l WHERE l.layer = unregister_layer.layer FOR UPDATE;
+    SELECT * INTO r FROM layer_registry l WHERE l.layer = _unregister_layer.layer FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
             HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
     END IF;
-    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = r.tbl)
-       AND NOT pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE')
-       AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller) THEN
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
+       AND NOT coalesce(pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE'), false) THEN
         RAISE EXCEPTION 'must be owner of table % to unregister layer %', r.tbl, layer USING ERRCODE = '42501',
-            HINT = 'Unregister it as the table''s owner, or as a superuser.';
+            HINT = 'Unregister it as the table''s owner, or as a superuser (the only choice once the table is dropped).';
     END IF;
-    -- Edits that have not committed their outbox rows yet finish first; new ones wait until this commits.
-    LOCK TABLE outbox IN SHARE MODE;
+    -- Edits of this layer that have not committed yet finish first; new ones wait until this
+    -- commits, then find the layer gone. Edits of other layers do not wait.
+    PERFORM pg_advisory_xact_lock(1179601241, hashtext(layer));
     SELECT count(*) INTO pending FROM outbox o
-     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = unregister_layer.layer;
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = _unregister_layer.layer;
     IF pending > 0 THEN
         RAISE EXCEPTION 'layer % has % unpublished outbox rows', layer, pending USING ERRCODE = '55006',
             HINT = 'Let the relay publish them (see feature_outbox.backlog_by_layer), then unregister it.';
     END IF;
-    DELETE FROM layer_registry l WHERE l.layer = unregister_layer.layer;
-    DELETE FROM feature_state s WHERE s.layer = unregister_layer.layer;
+    DELETE FROM layer_registry l WHERE l.layer = _unregister_layer.layer;
+    DELETE FROM feature_state s WHERE s.layer = _unregister_layer.layer;
 END
 $$;
 COMMENT ON FUNCTION unregister_layer(text) IS
@@ -847,6 +935,9 @@ SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_c
        r.properties, r.srid, r.geometry_type, r.registered_at
   FROM layer_registry r;
 COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties and SRID.';
+
+REVOKE ALL ON FUNCTION _register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _unregister_layer(text) FROM PUBLIC;
 GRANT SELECT ON layers TO PUBLIC;
 
 -- The claim's low-water mark (src/low_water.rs) --------------------------------------------------

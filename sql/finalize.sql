@@ -9,7 +9,11 @@ REVOKE ALL ON FUNCTION edit_feature(text, bigint, text, text, jsonb) FROM PUBLIC
 REVOKE ALL ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION record_edit(text, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _layer_write(text, text, text, text, text, text, bigint, anyelement, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _record_edit(text, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _unregister_layer(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _layer_write(text, text, oid, text, text, text, text, bigint, anyelement, text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _as_caller_row(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
 REVOKE ALL ON TABLE features, outbox, feature_state, layer_registry FROM PUBLIC;
 -- Anyone may list the layers; register_layer checks that the caller owns the table.

@@ -87,6 +87,8 @@ CREATE TABLE layer_registry (
     retired_column   name,                -- NULL: retired deletes the row
     srid             integer  NOT NULL,   -- the geometry column's declared SRID
     geometry_type    text     NOT NULL,   -- the column's declared type (postgis_typmod_type), e.g. Polygon
+    -- Outbox rows below this id were written for an earlier layer of the same name (unregistered since).
+    since_id         bigint   NOT NULL DEFAULT 0,
     registered_at    timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';

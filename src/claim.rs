@@ -30,21 +30,25 @@ SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.
 
 // Each layer's read statement, built from its registry row: the current version, the geometry in
 // EPSG:4326 as WKB, and the registered properties as one JSON object (to_jsonb of each column;
-// jsonb_build_object takes at most 50 pairs, so longer lists are joined with ||). NULL table: the
-// table was dropped.
+// jsonb_build_object takes at most 50 pairs, so longer lists are joined with ||). Every function is
+// schema-qualified (PostGIS by its own schema), so no search_path can redirect the call. A NULL
+// table: the table was dropped.
 const LAYERS_SQL: &str = "
-SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint,
-       format('SELECT t.%1$I::bigint, t.%2$I, ST_AsBinary(ST_Transform(t.%3$I, 4326)), (%4$s)::text '
+SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint, r.since_id, c.relowner,
+       format('SELECT t.%1$I::bigint, t.%2$I, %6$I.ST_AsBinary(%6$I.ST_Transform(t.%3$I, 4326)), (%4$s)::text '
               'FROM %5$s t WHERE t.%1$I = ANY($1)',
               r.id_column, r.version_column, r.geometry_column,
               coalesce((SELECT string_agg(part, ' || ')
-                          FROM (SELECT 'jsonb_build_object(' || string_agg(format('%L, to_jsonb(t.%I)', p, p), ', ' ORDER BY i) || ')' AS part
+                          FROM (SELECT 'pg_catalog.jsonb_build_object(' ||
+                                       string_agg(format('%L, pg_catalog.to_jsonb(t.%I)', p, p), ', ' ORDER BY i) || ')' AS part
                                   FROM unnest(r.properties) WITH ORDINALITY u(p, i)
                                  GROUP BY (i - 1) / 50) parts),
                        '''{}''::jsonb'),
-              r.tbl)
+              r.tbl, g.nspname)
   FROM feature_outbox.layer_registry r
   LEFT JOIN pg_catalog.pg_class c ON c.oid = r.tbl
+ CROSS JOIN (SELECT n.nspname FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+              WHERE e.extname = 'postgis') g
  WHERE r.layer = ANY($1)";
 
 /// A feature's current row: version, WKB in EPSG:4326, properties.
@@ -99,14 +103,17 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), Strin
     names.sort();
     names.dedup();
     let registry = client.select(LAYERS_SQL, None, &[names.clone().into()]).map_err(text)?;
-    let mut reads: HashMap<String, Result<String, String>> = HashMap::new();
+    // layer -> (since_id, table owner, read statement), or why it cannot be read
+    let mut reads: HashMap<String, Result<(i64, pg_sys::Oid, String), String>> = HashMap::new();
     for r in registry {
         let layer = r.get::<String>(1).map_err(text)?.unwrap_or_default();
         let exists = r.get::<bool>(2).map_err(text)?.unwrap_or(false);
         let oid = r.get::<i64>(3).map_err(text)?.unwrap_or_default();
-        let sql = r.get::<String>(4).map_err(text)?.unwrap_or_default();
+        let since = r.get::<i64>(4).map_err(text)?.unwrap_or_default();
+        let owner = r.get::<pg_sys::Oid>(5).map_err(text)?.unwrap_or(pg_sys::Oid::INVALID);
+        let sql = r.get::<String>(6).map_err(text)?.unwrap_or_default();
         let read = if exists {
-            Ok(sql)
+            Ok((since, owner, sql))
         } else {
             Err(format!("layer \"{layer}\": its table (OID {oid}) was dropped; register the layer again or unregister_layer('{layer}')"))
         };
@@ -114,9 +121,19 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), Strin
     }
     for layer in names {
         let read = reads.remove(&layer).unwrap_or_else(|| Err(format!("layer \"{layer}\" is not registered")));
-        let ids: Vec<i64> = rows.iter().filter(|r| r.layer == layer).map(|r| r.feature_id).collect();
-        let current = read.and_then(|sql| read_layer(&sql, ids).map_err(|e| format!("layer \"{layer}\": cannot read its table: {e}")));
+        let since = read.as_ref().map(|(since, _, _)| *since).unwrap_or(0);
+        let ids: Vec<i64> = rows.iter().filter(|r| r.layer == layer && r.id >= since).map(|r| r.feature_id).collect();
+        let current = read.and_then(|(_, owner, sql)| {
+            read_layer(&sql, owner, ids).map_err(|e| format!("layer \"{layer}\": cannot read its table: {e}"))
+        });
         for row in rows.iter_mut().filter(|r| r.layer == layer) {
+            if row.id < since {
+                row.read_error = Some(format!(
+                    "outbox row {} was written for an earlier layer named \"{layer}\", unregistered since; the current one starts at outbox id {since}",
+                    row.id
+                ));
+                continue;
+            }
             match &current {
                 Ok(by_id) => {
                     if let Some((version, geometry, properties)) = by_id.get(&row.feature_id) {
@@ -135,7 +152,11 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), Strin
     Ok(())
 }
 
-fn read_layer(sql: &str, ids: Vec<i64>) -> Result<HashMap<i64, Current>, String> {
+/// Reads one layer's rows as the table's owner, in a restricted context, as PostgreSQL runs VACUUM
+/// and ANALYZE: code the owner controls (casts, to_jsonb of their types) runs with their rights only.
+fn read_layer(sql: &str, owner: pg_sys::Oid, ids: Vec<i64>) -> Result<HashMap<i64, Current>, String> {
+    let context = crate::roles::current().context;
+    let _owner = crate::roles::As::enter(owner, context, pg_sys::SECURITY_RESTRICTED_OPERATION);
     subxact::run(|| {
         Spi::connect(|client| {
             let plan = prepared(client, sql, &[pg_sys::INT8ARRAYOID], false);

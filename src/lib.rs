@@ -17,6 +17,7 @@ mod plans;
 mod low_water;
 mod relay;
 mod relay_state;
+mod roles;
 mod routing;
 mod settings;
 mod sinks;
@@ -39,7 +40,8 @@ extension_sql_file!(
         edit::_h3_cell,
         relay_state::_wake_relay_at_commit,
         edit::layers::_layer_write,
-        edit::layers::_written_by_this_transaction
+        edit::layers::_written_by_this_transaction,
+        edit::layers::_as_caller_row
     ]
 );
 extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
@@ -61,6 +63,9 @@ extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // Errors reach users as SQL errors: no Rust backtrace in their DETAIL, whatever RUST_BACKTRACE
+    // the server inherited. Set before any backtrace is captured, while the backend is one thread.
+    unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     settings::init();
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         relay_state::init();

@@ -69,6 +69,11 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     update_slot(index, |s| s.connect_attempt_at = now());
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     update_slot(index, |s| s.connect_attempt_at = 0);
+    // Every name the relay uses is schema-qualified or in pg_catalog; no schema of a user (say, one
+    // named after the worker's role) may shadow them.
+    BackgroundWorker::transaction(|| {
+        let _ = Spi::run("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)");
+    });
 
     Relay::new(index).run();
     // Exit 1 even on SIGTERM: exit 0 would unregister the worker for good after pg_terminate_backend.

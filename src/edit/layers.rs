@@ -1,24 +1,133 @@
-//! The user-table side of a layer edit: writes the feature row with the calling role's own rights,
-//! and tells whether a row version was written by this transaction (record_edit's check).
+//! The user-table side of layers, and the entry points that keep the rights apart.
 //!
-//! edit_feature and record_edit run as the extension's owner, because only they may write the
-//! outbox. The user's table is written here instead, after switching back to the calling role for
-//! the statement: its privileges are checked, and its triggers, defaults and CHECK expressions
-//! run, as that role, never as the owner.
+//! `edit_feature(layer, ...)`, `record_edit`, `register_layer` and `unregister_layer` are C entry
+//! points (`entry`). Each records the role calling it, exactly `current_user` there, then runs its
+//! SQL body (`_edit`, `_record_edit`, ...) as the extension's owner, which alone may write the
+//! outbox, the per-feature state and the registry. Whatever touches the user's table from that body
+//! goes through `_layer_write` or `_as_caller_row`, which switch back to the recorded caller for
+//! the statement: its privileges are checked, and its triggers, defaults, casts and CHECK
+//! expressions run, as that role, never as the owner.
 
-use pgrx::datum::{AnyElement, DatumWithOid, JsonB};
+use std::ffi::CStr;
+
+use pgrx::datum::{AnyElement, DatumWithOid};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
+
 use crate::plans::prepared;
+use crate::roles::{self, As, Calling};
 use crate::subxact;
 
-/// The calling role: the session's current role (its login role, or the one SET ROLE chose), which
-/// a SECURITY DEFINER function does not change. An edit called from inside another SECURITY DEFINER
-/// function therefore writes with the rights of the session's role, not that function's owner.
+/// A quoted identifier. Always quoted: correct for every name, keywords included.
+pub fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+fn report(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: Option<&str>) -> ! {
+    let mut r = ErrorReport::new(code, message, "feature_outbox");
+    if let Some(d) = detail {
+        r = r.set_detail(d);
+    }
+    if let Some(h) = hint {
+        r = r.set_hint(h);
+    }
+    r.report(PgLogLevel::ERROR);
+    unreachable!("ERROR does not return")
+}
+
+// ---- entry points ------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_feature_outbox_entry() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// The C body of edit_feature(layer, ...), record_edit, register_layer and unregister_layer (see
+/// sql/edit.sql): calls `feature_outbox._<name>` with the same arguments as the function's owner,
+/// with the calling role recorded for `_layer_write` and `_as_caller_row`. The GeoJSON form of
+/// edit_feature calls `_edit` with the parsed EWKB directly.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        let fn_oid = (*(*fcinfo).flinfo).fn_oid;
+        let (name, owner) = name_and_owner(fn_oid);
+        let nargs = (*fcinfo).nargs as usize;
+        let types: Vec<pg_sys::Oid> = (0..nargs).map(|i| pgrx::fcinfo::pg_getarg_type(fcinfo, i)).collect();
+        let params = (1..=nargs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        let sql = match name.as_str() {
+            "edit_feature" if types.get(2) == Some(&pg_sys::TEXTOID) => {
+                "SELECT feature_outbox._edit($1, $2, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)".to_string()
+            }
+            "edit_feature" => "SELECT feature_outbox._edit($1, $2, $3, $4, NULL, $5, false)".to_string(),
+            other => format!("SELECT feature_outbox._{other}({params})"),
+        };
+        let args: Vec<DatumWithOid> = (0..nargs)
+            .map(|i| {
+                if pgrx::fcinfo::pg_arg_is_null(fcinfo, i) {
+                    DatumWithOid::null_oid(types[i])
+                } else {
+                    DatumWithOid::new(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, i), types[i])
+                }
+            })
+            .collect();
+        let caller = roles::current();
+        let _calling = Calling::push(caller);
+        let _owner = As::enter(owner, caller.context, 0);
+        // The bodies return integer or void: by value, so the datum outlives SPI's memory.
+        let result: Option<i32> = Spi::connect_mut(|client| {
+            let plan = prepared(client, &sql, &types, true);
+            let table = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("{e}"));
+            if table.is_empty() { None } else { table.first().get::<i32>(1).ok().flatten() }
+        });
+        match result {
+            Some(v) => pg_sys::Datum::from(v),
+            None => pgrx::fcinfo::pg_return_null(fcinfo),
+        }
+    }
+}
+
+/// The SQL name of function `oid` and its owner (the extension's owner, who created it).
+unsafe fn name_and_owner(oid: pg_sys::Oid) -> (String, pg_sys::Oid) {
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::PROCOID as i32, pg_sys::Datum::from(oid));
+        if tuple.is_null() {
+            error!("cache lookup failed for function {oid:?}");
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+        let name = CStr::from_ptr((*form).proname.data.as_ptr()).to_string_lossy().into_owned();
+        let owner = (*form).proowner;
+        pg_sys::ReleaseSysCache(tuple);
+        (name, owner)
+    }
+}
+
+/// The role that called the running edit function (`current_user` there). Errors outside one.
 #[pg_extern(stable, parallel_safe)]
 fn _caller_role() -> pg_sys::Oid {
-    unsafe { pg_sys::GetOuterUserId() }
+    roles::caller().map(|c| c.user).unwrap_or_else(|| {
+        report(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "_caller_role() is for feature_outbox's own functions".into(),
+            None,
+            Some("Call edit_feature, record_edit, register_layer or unregister_layer."),
+        )
+    })
+}
+
+/// Switches to the recorded caller of the running edit function for the duration of the guard.
+fn as_caller() -> As {
+    match roles::caller() {
+        Some(c) => As::enter(c.user, c.context, 0),
+        None => report(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "layer tables are written only through edit_feature and record_edit".into(),
+            None,
+            None,
+        ),
+    }
 }
 
 /// True when `xmin` is this transaction's or one of its subtransactions' (savepoints'), so the row
@@ -28,55 +137,72 @@ fn _written_by_this_transaction(xmin: pg_sys::TransactionId) -> bool {
     unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) }
 }
 
-/// Switches the current user to the calling role until dropped (also when an ERROR unwinds).
-struct AsCaller {
-    user: pg_sys::Oid,
-    context: i32,
-}
-
-impl AsCaller {
-    fn enter() -> Self {
-        let (mut user, mut context) = (pg_sys::Oid::INVALID, 0);
-        unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-            // LOCAL_USERID_CHANGE: SET ROLE inside (say, in a trigger) is refused, as in SECURITY DEFINER.
-            pg_sys::SetUserIdAndSecContext(pg_sys::GetOuterUserId(), context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+/// Runs `sql` (one row at most, `$1` the feature id) as the caller of the running edit function
+/// and returns its columns as text, or NULL when it returns no row. For _edit and _record_edit's
+/// reads of a layer's table, so that they see what the caller may see.
+#[pg_extern(volatile)]
+fn _as_caller_row(sql: &str, feature_id: i64) -> Option<Vec<Option<String>>> {
+    let _caller = as_caller();
+    Spi::connect(|client| {
+        let plan = prepared(client, sql, &[pg_sys::INT8OID], false);
+        let table = client.select(&*plan, Some(1), &[feature_id.into()]).unwrap_or_else(|e| error!("{e}"));
+        if table.is_empty() {
+            return None;
         }
-        AsCaller { user, context }
-    }
+        let row = table.first();
+        let n = row.columns().unwrap_or(0);
+        Some((1..=n).map(|i| row.get::<String>(i).ok().flatten()).collect())
+    })
 }
 
-impl Drop for AsCaller {
-    fn drop(&mut self) {
-        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) };
-    }
-}
+// ---- the write -----------------------------------------------------------------------------------
 
-/// A quoted identifier. Always quoted: correct for every name, keywords included.
-pub fn quote(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
+/// The table of a layer: its quoted, schema-qualified name and whether it is partitioned.
+fn table(layer: &str, oid: pg_sys::Oid) -> (String, bool) {
+    unsafe {
+        let name = pg_sys::get_rel_name(oid);
+        if name.is_null() {
+            report(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                format!("the table of layer {layer} (OID {}) no longer exists", oid.to_u32()),
+                None,
+                Some("Register the layer again on its new table, or unregister_layer() it."),
+            );
+        }
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(oid));
+        let qualified = format!(
+            "{}.{}",
+            quote(&CStr::from_ptr(schema).to_string_lossy()),
+            quote(&CStr::from_ptr(name).to_string_lossy())
+        );
+        (qualified, pg_sys::get_rel_relkind(oid) as u8 == pg_sys::RELKIND_PARTITIONED_TABLE)
+    }
 }
 
 /// The shape of one layer write, from layer_registry.
-struct Target<'a> {
-    tbl: &'a str,
+struct Target {
+    tbl: String,
     id: String,
     geometry: String,
     version: String,
     retired: Option<String>,
+    /// A partitioned table cannot return system columns from INSERT: the row version is read after.
+    partitioned: bool,
 }
 
-/// Builds the statement for `op`. $1 the feature id, $2 the properties (jsonb), $3 the geometry.
-fn statement(t: &Target<'_>, op: &str, keys: &[String], with_geometry: bool) -> String {
+const ROW_VERSION: &str = "t.tableoid::oid::text || ':' || t.ctid::text || ':' || t.xmin::text";
+
+/// Builds the statement for `op`. $1 the feature id, $2 the properties (jsonb text), $3 the geometry.
+fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool) -> String {
     let props = || keys.iter().map(|k| quote(k)).collect::<Vec<_>>();
-    let row_version = "t.tableoid::oid::text || ':' || t.ctid::text || ':' || t.xmin::text";
-    let from = if keys.is_empty() { String::new() } else { format!(" FROM jsonb_populate_record(NULL::{}, $2) r", t.tbl) };
+    let from = if keys.is_empty() { String::new() } else { format!(" FROM jsonb_populate_record(NULL::{}, $2::jsonb) r", t.tbl) };
     let (id, geometry, version) = (&t.id, &t.geometry, &t.version);
+    let returning = if t.partitioned { format!("t.{version}, NULL::text") } else { format!("t.{version}, {ROW_VERSION}") };
     if op == "created" {
         let cols: Vec<String> = [id.clone(), geometry.clone(), version.clone()].into_iter().chain(props()).collect();
         let vals: Vec<String> = ["$1".to_string(), "$3".into(), "1".into()].into_iter().chain(props().iter().map(|p| format!("r.{p}"))).collect();
         return format!(
-            "INSERT INTO {} AS t ({}) SELECT {}{from} ON CONFLICT ({id}) DO NOTHING RETURNING t.{version}, {row_version}",
+            "INSERT INTO {} AS t ({}) SELECT {}{from} ON CONFLICT ({id}) DO NOTHING RETURNING {returning}",
             t.tbl,
             cols.join(", "),
             vals.join(", ")
@@ -85,7 +211,7 @@ fn statement(t: &Target<'_>, op: &str, keys: &[String], with_geometry: bool) -> 
     if op == "delete" {
         return format!("DELETE FROM {} AS t WHERE t.{id} = $1 RETURNING t.{version} + 1, NULL::text", t.tbl);
     }
-    // moved, updated, retired (with a retired column), and the record_* forms of record_edit.
+    // moved, updated, retired (with a retired column), and record_edit's record_* forms.
     let mut set = vec![match op {
         "record_created" => format!("{version} = 1"),
         _ => format!("{version} = t.{version} + 1"),
@@ -105,134 +231,184 @@ fn statement(t: &Target<'_>, op: &str, keys: &[String], with_geometry: bool) -> 
         (Some(r), "moved" | "updated" | "retired" | "record_moved" | "record_updated") => format!(" AND t.{r} IS NULL"),
         _ => String::new(),
     };
-    format!("UPDATE {} AS t SET {}{from} WHERE t.{id} = $1{live} RETURNING t.{version}, {row_version}", t.tbl, set.join(", "))
+    format!("UPDATE {} AS t SET {}{from} WHERE t.{id} = $1{live} RETURNING {returning}", t.tbl, set.join(", "))
 }
 
-/// Writes feature `feature_id` of a user layer as the calling role. `op`: created, moved, updated,
-/// retired, delete, or record_created / record_moved / record_updated / record_retired (record_edit:
-/// the version, and the retired column, only). `tbl` is the table's name as regclass text; the
-/// column names as registered. `geometry`: the geometry to store, already in the column's SRID, or
-/// NULL to keep the current one. `properties`: registered columns to set, converted as
-/// jsonb_populate_record converts them; a value that does not fit raises its class-22 error, naming
-/// the column. Returns {new version, row version (tableoid:ctid:xmin)}, or NULL when no live row
-/// matched (created: when the id exists). Errors: 42501 when the calling role lacks the privilege,
-/// and whatever the table's own constraints and triggers raise.
+/// Writes feature `feature_id` of a user layer as the caller of the running edit function. `op`:
+/// created, moved, updated, retired, delete, or record_created / record_moved / record_updated /
+/// record_retired (record_edit: the version, and the retired column, only). `tbl`: the table's OID;
+/// the column names as registered. `geometry`: what to store, already in the column's SRID, or NULL
+/// to keep the current one. `properties` (jsonb as text) and `keys` (its keys): registered columns
+/// to set, converted as jsonb_populate_record converts them; a value that does not fit raises its
+/// class-22 error naming the property. Returns {new version, row version (tableoid:ctid:xmin)}, or
+/// NULL when no live row matched (created: when the id exists). Errors: 42501 when the caller lacks
+/// the privilege, 42P01 when the table is gone, and whatever the table's constraints and triggers raise.
 #[pg_extern(volatile)]
 #[allow(clippy::too_many_arguments)]
 fn _layer_write(
+    layer: &str,
     op: &str,
-    tbl: &str,
+    tbl: pg_sys::Oid,
     id_column: &str,
     geometry_column: &str,
     version_column: &str,
     retired_column: Option<&str>,
     feature_id: i64,
     geometry: Option<AnyElement>,
-    properties: Option<JsonB>,
+    properties: Option<&str>,
+    keys: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
-    let keys: Vec<String> = match &properties {
-        Some(JsonB(serde_json::Value::Object(m))) if op != "delete" => m.keys().cloned().collect(),
-        _ => Vec::new(),
-    };
+    let _caller = as_caller();
+    let (name, partitioned) = table(layer, tbl);
+    let keys = if op == "delete" { Vec::new() } else { keys.unwrap_or_default() };
     let target = Target {
-        tbl,
+        tbl: name,
         id: quote(id_column),
         geometry: quote(geometry_column),
         version: quote(version_column),
         retired: retired_column.map(quote),
+        partitioned,
     };
     let geometry_oid = geometry.as_ref().map(|g| g.oid());
     let sql = statement(&target, op, &keys, geometry_oid.is_some());
-    let _caller = AsCaller::enter();
     if !keys.is_empty() {
-        check_properties(tbl, &keys, properties.as_ref().expect("keys come from it"));
+        check_properties(layer, &target.tbl, &keys, properties.unwrap_or("{}"));
     }
-    Spi::connect_mut(|client| {
-        let jsonb_oid = pg_sys::JSONBOID;
-        let mut types = vec![pg_sys::INT8OID, jsonb_oid];
-        let mut args: Vec<DatumWithOid> = vec![feature_id.into(), unsafe { DatumWithOid::new(properties, jsonb_oid) }];
+    let written = Spi::connect_mut(|client| {
+        let mut types = vec![pg_sys::INT8OID, pg_sys::TEXTOID];
+        let mut args: Vec<DatumWithOid> = vec![feature_id.into(), properties.into()];
         if let (Some(g), Some(oid)) = (geometry, geometry_oid) {
             types.push(oid);
             args.push(unsafe { DatumWithOid::new(g, oid) });
         }
         let plan = prepared(client, &sql, &types, true);
-        let table = client
-            .update(&*plan, None, &args)
-            .unwrap_or_else(|e| error!("layer write failed: {e}"));
+        let table = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("layer write failed: {e}"));
         if table.is_empty() {
             return None;
         }
         let row = table.first();
-        let version = row.get::<i32>(1).ok().flatten().map(|v| v.to_string());
-        let row_version = row.get::<String>(2).ok().flatten();
-        Some(vec![version, row_version])
-    })
+        let version = match row.get::<i32>(1) {
+            Ok(v) => v,
+            Err(e) => report(
+                PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+                format!("the version column {} of layer {layer} is no longer integer: {e}", target.version),
+                None,
+                Some("Register the layer again once its version column is integer NOT NULL."),
+            ),
+        };
+        Some(vec![version.map(|v| v.to_string()), row.get::<String>(2).ok().flatten()])
+    })?;
+    if target.partitioned && op != "delete" {
+        let sql = format!("SELECT {ROW_VERSION} FROM {} t WHERE t.{} = $1", target.tbl, target.id);
+        let row_version = Spi::connect(|client| {
+            let plan = prepared(client, &sql, &[pg_sys::INT8OID], false);
+            client.select(&*plan, Some(1), &[feature_id.into()]).ok().and_then(|t| t.first().get::<String>(1).ok().flatten())
+        });
+        return Some(vec![written[0].clone(), row_version]);
+    }
+    Some(written)
 }
 
 /// Converts each given property to its column's type, as the write will; the first that does not
-/// fit raises its own error (class 22) with the column's name. Runs as the calling role.
-fn check_properties(tbl: &str, keys: &[String], properties: &JsonB) {
+/// fit raises its own error (class 22) with the property's name. Runs as the caller. Other errors
+/// (a cancel, a statement timeout) pass through unchanged.
+fn check_properties(layer: &str, tbl: &str, keys: &[String], properties: &str) {
     let columns: Vec<String> = keys.iter().map(|k| format!("r.{}", quote(k))).collect();
-    let sql = format!("SELECT {} FROM jsonb_populate_record(NULL::{tbl}, $1) r", columns.join(", "));
+    let sql = format!("SELECT {} FROM jsonb_populate_record(NULL::{tbl}, $1::jsonb) r", columns.join(", "));
     let all = subxact::run(|| {
         Spi::connect(|client| {
-            let plan = prepared(client, &sql, &[pg_sys::JSONBOID], false);
-            let args = [unsafe { DatumWithOid::new(JsonB(properties.0.clone()), pg_sys::JSONBOID) }];
-            client.select(&*plan, None, &args).map(|_| ()).unwrap_or_else(|e| error!("{e}"));
+            let plan = prepared(client, &sql, &[pg_sys::TEXTOID], false);
+            client.select(&*plan, None, &[properties.into()]).map(|_| ()).unwrap_or_else(|e| error!("{e}"));
         })
     });
     let Err(first) = all else { return };
-    // Find the column: one key at a time.
+    let failed = |f: &subxact::Failure| -> ! {
+        if f.code == PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN {
+            report(
+                f.code,
+                format!("a registered property of layer {layer} is no longer a column of {tbl}: {}", f.message),
+                None,
+                Some("Register the layer again with its current columns."),
+            );
+        }
+        report(f.code, f.message.clone(), f.detail.clone(), None)
+    };
+    if !is_data_exception(first.code) {
+        failed(&first);
+    }
+    // Find the property: one key at a time.
     for key in keys {
-        let one = serde_json::json!({ key: properties.0.get(key) });
-        let sql = format!("SELECT r.{} FROM jsonb_populate_record(NULL::{tbl}, $1) r", quote(key));
+        let sql = format!("SELECT r.{} FROM jsonb_populate_record(NULL::{tbl}, jsonb_build_object($2, ($1::jsonb) -> $2)) r", quote(key));
         if let Err(f) = subxact::run(|| {
             Spi::connect(|client| {
-                let args = [unsafe { DatumWithOid::new(JsonB(one.clone()), pg_sys::JSONBOID) }];
-                client.select(sql.as_str(), None, &args).map(|_| ()).unwrap_or_else(|e| error!("{e}"));
+                let plan = prepared(client, &sql, &[pg_sys::TEXTOID, pg_sys::TEXTOID], false);
+                client.select(&*plan, None, &[properties.into(), key.as_str().into()]).map(|_| ()).unwrap_or_else(|e| error!("{e}"));
             })
         }) {
-            raise(f.code, format!("property \"{key}\" does not fit its column in {tbl}: {}", f.message), f.detail);
+            if !is_data_exception(f.code) {
+                failed(&f);
+            }
+            report(
+                f.code,
+                format!("property \"{key}\" does not fit its column in {tbl}: {}", f.message),
+                f.detail,
+                Some("Give each property as JSON that converts to its column's type, as jsonb_populate_record converts it."),
+            );
         }
     }
-    raise(first.code, format!("properties do not fit the columns of {tbl}: {}", first.message), first.detail);
+    report(first.code, format!("properties do not fit the columns of {tbl}: {}", first.message), first.detail, None)
 }
 
-fn raise(code: PgSqlErrorCode, message: String, detail: Option<String>) -> ! {
-    let mut report = ErrorReport::new(code, message, "feature_outbox").set_hint(
-        "Give each property as JSON that converts to its column's type, as jsonb_populate_record converts it.",
-    );
-    if let Some(d) = detail {
-        report = report.set_detail(d);
-    }
-    report.report(PgLogLevel::ERROR);
-    unreachable!("ERROR does not return")
+/// SQLSTATE class 22: the value does not fit.
+fn is_data_exception(code: PgSqlErrorCode) -> bool {
+    let sqlstate = code as i32;
+    // PGSIXBIT packs the five characters six bits each, first character lowest.
+    (sqlstate & 0x3f) == ('2' as i32 - '0' as i32) && ((sqlstate >> 6) & 0x3f) == ('2' as i32 - '0' as i32)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn target() -> Target<'static> {
-        Target { tbl: "public.parcels", id: quote("id"), geometry: quote("geom"), version: quote("version"), retired: Some(quote("retired_at")) }
+    fn target(partitioned: bool) -> Target {
+        Target {
+            tbl: "public.parcels".into(),
+            id: quote("id"),
+            geometry: quote("geom"),
+            version: quote("version"),
+            retired: Some(quote("retired_at")),
+            partitioned,
+        }
     }
 
     #[test]
     fn statements_set_only_what_the_edit_gives() {
         let q = |s: &str| s.replace('`', "\"");
-        let moved = statement(&target(), "moved", &[], true);
+        let t = target(false);
+        let moved = statement(&t, "moved", &[], true);
         assert!(moved.starts_with(&q("UPDATE public.parcels AS t SET `version` = t.`version` + 1, `geom` = $3 WHERE t.`id` = $1 AND t.`retired_at` IS NULL")));
-        let updated = statement(&target(), "updated", &["name".into()], false);
-        assert!(updated.contains(&q("SET `version` = t.`version` + 1, `name` = r.`name` FROM jsonb_populate_record(NULL::public.parcels, $2) r")));
+        assert!(moved.ends_with(&format!("RETURNING t.\"version\", {ROW_VERSION}")));
+        let updated = statement(&t, "updated", &["name".into()], false);
+        assert!(updated.contains(&q("SET `version` = t.`version` + 1, `name` = r.`name` FROM jsonb_populate_record(NULL::public.parcels, $2::jsonb) r")));
         assert!(!updated.contains("geom"));
-        let created = statement(&target(), "created", &["name".into()], true);
+        let created = statement(&t, "created", &["name".into()], true);
         assert!(created.contains(&q("(`id`, `geom`, `version`, `name`) SELECT $1, $3, 1, r.`name` FROM jsonb_populate_record")));
         assert!(created.contains(&q("ON CONFLICT (`id`) DO NOTHING")));
-        assert!(statement(&target(), "retired", &[], false).contains(&q("`retired_at` = now()")));
-        assert!(statement(&target(), "record_retired", &[], false).contains(&q("`retired_at` = coalesce(t.`retired_at`, now())")));
-        assert!(!statement(&target(), "record_retired", &[], false).contains("IS NULL"));
-        assert!(statement(&target(), "record_created", &[], false).contains(&q("SET `version` = 1")));
-        assert!(statement(&target(), "delete", &[], false).starts_with(&q("DELETE FROM public.parcels AS t WHERE t.`id` = $1")));
+        assert!(statement(&t, "retired", &[], false).contains(&q("`retired_at` = now()")));
+        assert!(statement(&t, "record_retired", &[], false).contains(&q("`retired_at` = coalesce(t.`retired_at`, now())")));
+        assert!(!statement(&t, "record_retired", &[], false).contains("IS NULL"));
+        assert!(statement(&t, "record_created", &[], false).contains(&q("SET `version` = 1")));
+        assert!(statement(&t, "delete", &[], false).starts_with(&q("DELETE FROM public.parcels AS t WHERE t.`id` = $1")));
+        // A partitioned table returns no system columns from INSERT.
+        assert!(statement(&target(true), "created", &[], true).ends_with("RETURNING t.\"version\", NULL::text"));
         assert_eq!(quote("we\"ird"), "\"we\"\"ird\"");
+    }
+
+    #[test]
+    fn data_exceptions_are_class_22() {
+        assert!(is_data_exception(PgSqlErrorCode::ERRCODE_INVALID_TEXT_REPRESENTATION));
+        assert!(is_data_exception(PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION));
+        assert!(!is_data_exception(PgSqlErrorCode::ERRCODE_QUERY_CANCELED));
+        assert!(!is_data_exception(PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN));
     }
 }
