@@ -484,7 +484,7 @@ BEGIN
         END IF;
     END IF;
 
-    PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
+    PERFORM _wake_relay_for(p_feature_id);  -- sets the owning relay worker's latch if and when this commits
     RETURN new_version;
 END
 $$;

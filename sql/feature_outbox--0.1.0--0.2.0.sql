@@ -569,7 +569,7 @@ BEGIN
         END IF;
     END IF;
 
-    PERFORM _wake_relay_at_commit();  -- sets the relay workers' latches if and when this commits
+    PERFORM _wake_relay_for(p_feature_id);  -- sets the owning relay worker's latch if and when this commits
     RETURN new_version;
 END
 $$;
@@ -939,6 +939,20 @@ COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version a
 REVOKE ALL ON FUNCTION _register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _unregister_layer(text) FROM PUBLIC;
 GRANT SELECT ON layers TO PUBLIC;
+
+-- Per-feature order with many workers (src/claim.rs) ---------------------------------------------
+
+-- A committing edit wakes only the relay worker that owns its feature.
+CREATE  FUNCTION "_wake_relay_for"(
+	"feature_id" bigint /* i64 */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_wake_relay_for_wrapper';
+
+-- Rows waiting for their per-row retry time, whose features' later rows the claim holds back. It
+-- indexes only failing rows: the update builds it with one scan of the outbox.
+CREATE INDEX outbox_waiting ON outbox (feature_id) WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
 
 -- The claim's low-water mark (src/low_water.rs) --------------------------------------------------
 

@@ -40,6 +40,9 @@ COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transa
 CREATE INDEX outbox_unpublished ON outbox (id) WHERE published_at IS NULL;
 -- Parked rows below the claim's low-water mark, which the backlog counts without walking the rest.
 CREATE INDEX outbox_parked ON outbox (id) WHERE parked_at IS NOT NULL AND published_at IS NULL;
+-- Rows waiting for their per-row retry time: the claim holds back the later rows of their features
+-- (per-feature order). Only failing rows are in it, so edits never write to it.
+CREATE INDEX outbox_waiting ON outbox (feature_id) WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
 -- Retention deletes and last_published_at read published rows by time, without scanning history.
 CREATE INDEX outbox_published_at ON outbox (published_at) WHERE published_at IS NOT NULL;
 

@@ -39,6 +39,7 @@ extension_sql_file!(
         edit::_close_polar_caps,
         edit::_h3_cell,
         relay_state::_wake_relay_at_commit,
+        relay_state::_wake_relay_for,
         edit::layers::_layer_write,
         edit::layers::_written_by_this_transaction,
         edit::layers::_as_caller_row

@@ -2,6 +2,7 @@
 //! the acknowledged rows sent, commit. Publish-then-mark gives at-least-once delivery: a crash
 //! between the two republishes the same event_id, never loses it (the guide, "relay").
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
@@ -409,7 +410,8 @@ impl Relay {
         let sink = &mut self.sink.as_mut().expect("connected above").1;
         let result = in_transaction(|| {
             Spi::connect_mut(|client| -> Result<Published, String> {
-                let rows = claim(client, limit)?;
+                let workers = settings::RELAY_WORKERS.get().clamp(1, MAX_WORKERS as i32) as usize;
+                let rows = claim(client, limit, index, workers)?;
                 if rows.is_empty() {
                     return Ok(Published::default());
                 }
@@ -583,31 +585,62 @@ fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, String> {
         .map(Option::unwrap_or_default)
 }
 
-/// Builds each row's event and publishes those that could be built. A row whose event cannot be
-/// built (a geometry GeoJSON cannot carry) fails alone, row-level, and never blocks the batch.
+/// Builds each row's event and publishes those that could be built, a feature's rows in id order:
+/// round k sends the k-th row of each feature in the batch, and only when its feature's row of round
+/// k - 1 was delivered. A row whose event cannot be built (a geometry GeoJSON cannot carry) fails
+/// alone, row-level, and never blocks other features; its feature's later rows wait (NotTried).
 fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
-    let events: Vec<Result<Vec<u8>, String>> = rows
-        .iter()
-        .map(|r| match &r.read_error {
-            Some(e) => Err(e.clone()),
-            None => event::to_json(r, relayed_at).map_err(|e| format!("cannot build the event: {e}")),
-        })
-        .collect();
-    if events.iter().all(Result::is_ok) {
-        let bodies: Vec<Vec<u8>> = events.into_iter().flatten().collect();
-        return sink.publish(rows, &bodies, relayed_at);
+    let round = rounds(rows);
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
+    let mut blocked: HashSet<(&str, i64)> = HashSet::new();
+    for k in 0..=round.iter().copied().max().unwrap_or(0) {
+        let (mut send, mut bodies) = (Vec::new(), Vec::new());
+        for (i, row) in rows.iter().enumerate().filter(|(i, _)| round[*i] == k) {
+            if blocked.contains(&(row.layer.as_str(), row.feature_id)) {
+                outcomes[i] = Some(Outcome::NotTried);
+                continue;
+            }
+            let built = match &row.read_error {
+                Some(e) => Err(e.clone()),
+                None => event::to_json(row, relayed_at).map_err(|e| format!("cannot build the event: {e}")),
+            };
+            match built {
+                Ok(body) => {
+                    send.push(i);
+                    bodies.push(body);
+                }
+                Err(error) => outcomes[i] = Some(Outcome::RowFailed(error)),
+            }
+        }
+        if !send.is_empty() {
+            // Usually round 0 is the whole batch: one call, no copies.
+            let sent = if send.len() == rows.len() {
+                sink.publish(rows, &bodies, relayed_at)
+            } else {
+                let subset: Vec<Row> = send.iter().map(|&i| rows[i].clone()).collect();
+                sink.publish(&subset, &bodies, relayed_at)
+            };
+            for (&i, outcome) in send.iter().zip(sent) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        for (i, row) in rows.iter().enumerate().filter(|(i, _)| round[*i] == k) {
+            if !matches!(outcomes[i], Some(Outcome::Delivered { .. })) {
+                blocked.insert((row.layer.as_str(), row.feature_id));
+            }
+        }
     }
-    let (ok_rows, ok_bodies): (Vec<Row>, Vec<Vec<u8>>) = rows
-        .iter()
-        .zip(&events)
-        .filter_map(|(r, e)| e.as_ref().ok().map(|body| (r.clone(), body.clone())))
-        .unzip();
-    let mut published = sink.publish(&ok_rows, &ok_bodies, relayed_at).into_iter();
-    events
-        .into_iter()
-        .map(|e| match e {
-            Ok(_) => published.next().unwrap_or(Outcome::NotTried),
-            Err(error) => Outcome::RowFailed(error),
+    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::NotTried)).collect()
+}
+
+/// Each row's place among its feature's rows in the batch (0 for the first).
+fn rounds(rows: &[Row]) -> Vec<usize> {
+    let mut seen: HashMap<(&str, i64), usize> = HashMap::new();
+    rows.iter()
+        .map(|r| {
+            let n = seen.entry((r.layer.as_str(), r.feature_id)).or_insert(0);
+            *n += 1;
+            *n - 1
         })
         .collect()
 }

@@ -133,6 +133,9 @@ pub fn now() -> pg_sys::TimestampTz {
 }
 
 thread_local! {
+    /// The relay workers (bit per worker index) this transaction's edits will wake at commit.
+    static WAKE_MASK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static WAKE_FOR_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static WAKE_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static RESET_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -155,6 +158,43 @@ fn once_at_commit(asked: &'static std::thread::LocalKey<std::cell::Cell<bool>>, 
 #[pg_extern(volatile, parallel_unsafe)]
 fn _wake_relay_at_commit() {
     once_at_commit(&WAKE_REGISTERED, wake_all);
+}
+
+/// The relay worker (0 .. workers - 1) that owns `feature_id`'s events: each worker publishes only
+/// its own features, so the events of one feature are never in flight in two workers. The claim
+/// computes the same in SQL: `(hashint8(feature_id) & 2147483647) % workers`.
+pub fn partition_of(feature_id: i64, workers: usize) -> usize {
+    if workers <= 1 {
+        return 0;
+    }
+    let hash = unsafe { pgrx::direct_function_call::<i32>(pg_sys::hashint8, &[feature_id.into_datum()]) }.unwrap_or(0);
+    ((hash & 0x7fff_ffff) as usize) % workers
+}
+
+/// Called by edit_feature for each edit: when this transaction commits, set the latch of the relay
+/// worker that owns `feature_id` (and only that one), unless feature_outbox.wake_at_commit is off.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _wake_relay_for(feature_id: i64) {
+    if !ready() || !crate::settings::WAKE_AT_COMMIT.get() {
+        return;
+    }
+    let workers = crate::settings::RELAY_WORKERS.get().clamp(0, MAX_WORKERS as i32) as usize;
+    if workers == 0 {
+        return;
+    }
+    let bit = 1u32 << partition_of(feature_id, workers);
+    WAKE_MASK.with(|m| m.set(m.get() | bit));
+    if WAKE_FOR_REGISTERED.with(|r| r.replace(true)) {
+        return;
+    }
+    register_xact_callback(PgXactCallbackEvent::Commit, || {
+        WAKE_FOR_REGISTERED.with(|r| r.set(false));
+        wake(WAKE_MASK.with(|m| m.replace(0)));
+    });
+    register_xact_callback(PgXactCallbackEvent::Abort, || {
+        WAKE_FOR_REGISTERED.with(|r| r.set(false));
+        WAKE_MASK.with(|m| m.set(0));
+    });
 }
 
 /// The claim's low-water outbox id (0 when unknown, or when the library was not preloaded): every
@@ -199,13 +239,20 @@ fn _relay_low_water_reset() {
 }
 
 fn wake_all() {
+    wake(u32::MAX);
+}
+
+/// Sets the latches of the workers in `mask` (bit = worker index).
+fn wake(mask: u32) {
     // A worker backing off after a sink failure sleeps its backoff out whatever commits (relay.rs,
     // sleep_for): waking it would cost every commit a signal and the worker a wake-up for nothing.
     let latches: Vec<usize> = RELAY
         .share()
         .slots
         .iter()
-        .filter(|s| s.pid != 0 && s.latch != 0 && s.state != WorkerState::BackingOff)
+        .enumerate()
+        .filter(|(i, s)| mask & (1u32 << i) != 0 && s.pid != 0 && s.latch != 0 && s.state != WorkerState::BackingOff)
+        .map(|(_, s)| s)
         .map(|s| s.latch)
         .collect();
     for latch in latches {

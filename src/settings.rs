@@ -35,6 +35,7 @@ pub static AREA_OF_USE_MARGIN: GucSetting<f64> = GucSetting::<f64>::new(1.0);
 pub static INVALID_GEOMETRY: GucSetting<InvalidGeometry> = GucSetting::<InvalidGeometry>::new(InvalidGeometry::Accept);
 
 pub static RELAY_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static WAKE_AT_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
 pub static ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(200);
@@ -83,6 +84,15 @@ pub fn init() {
         0.0,
         360.0,
         GucContext::Suset,
+        GucFlags::default(),
+    );
+
+    GucRegistry::define_bool_guc(
+        c"feature_outbox.wake_at_commit",
+        c"Whether a committing edit wakes the relay worker that owns its feature at once.",
+        c"Off: workers find new rows at their poll interval.",
+        &WAKE_AT_COMMIT,
+        GucContext::Sighup,
         GucFlags::default(),
     );
 

@@ -1,0 +1,161 @@
+"""Per-feature order with many relay workers (issue 12): each worker owns a partition of the
+features, a feature whose row waits for its retry holds back only its own later rows, and within a
+batch a feature's rows go out one after the other. A real cluster with 4 workers, a real HTTP
+receiver that refuses some events row-level, and a real nats-server."""
+
+import json
+import threading
+from collections import defaultdict
+
+import pytest
+
+from conftest import RUN_DIR, Cluster, free_port
+from relay_harness import NatsServer, Receiver, wait_for
+
+DB = "order"
+FEATURES, VERSIONS = 200, 25
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def nats_server():
+    server = NatsServer(RUN_DIR / "nats_order")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def relay(receiver):
+    c = Cluster(RUN_DIR / "order", free_port())
+    c.start(f"feature_outbox.database = '{DB}'", "feature_outbox.relay_workers = 4",
+            "feature_outbox.poll_interval = '60s'", "feature_outbox.batch_size = 50",
+            "feature_outbox.retry_backoff_min = '50ms'", "feature_outbox.retry_backoff_max = '200ms'",
+            "feature_outbox.max_attempts = 4", f"feature_outbox.endpoint = '{receiver.url}'")
+    c.create_db(DB)
+    with c.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+    yield c
+    c.stop()
+
+
+def configure(c, **settings):
+    with c.connect() as conn:
+        for name, value in settings.items():
+            conn.execute(f"ALTER SYSTEM SET feature_outbox.{name} = '{value}'")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def edits(conn, first, versions, step=0.001):
+    """Every feature first .. first + FEATURES - 1, `versions` times, interleaved: round v edits each
+    feature once, in one transaction, so consecutive outbox rows belong to different features."""
+    conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
+                           (i %% 300) - 150, (i %% 80) - 40), 'created')
+                      FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + FEATURES - 1))
+    for v in range(1, versions):
+        conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
+                               (i %% 300) - 150 + %s, (i %% 80) - 40), 'moved')
+                          FROM generate_series(%s::bigint, %s::bigint) i""", (v * step, first, first + FEATURES - 1))
+
+
+def settled(conn, first):
+    return conn.execute("""SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL)
+                             FROM feature_outbox.outbox WHERE feature_id >= %s""", (first,)).fetchone()[0] == 0
+
+
+def by_feature(events):
+    seen = defaultdict(list)
+    for e in events:
+        seen[int(e["feature_id"])].append(e["event_version"])
+    return seen
+
+
+def test_four_workers_keep_each_features_order_through_row_level_failures(relay, receiver):
+    first = 10_000
+    refused = set()
+    lock = threading.Lock()
+
+    def respond(request):
+        # Refuse the first attempt of every 7th event with 422 (row-level), then accept it.
+        event = json.loads(request["body"])
+        key = event["event_id"]
+        with lock:
+            if hash(key) % 7 == 0 and key not in refused:
+                refused.add(key)
+                return 422, {}
+        return 200, {}
+    receiver.respond = respond
+    with relay.connect(DB) as conn:
+        edits(conn, first, VERSIONS)
+        wait_for(lambda: settled(conn, first), 90, "the relay to deliver 5,000 events")
+        workers = conn.execute("SELECT count(*) FILTER (WHERE relayed_rows > 0) FROM feature_outbox.workers").fetchone()[0]
+        parked = conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE parked_at IS NOT NULL").fetchone()[0]
+    receiver.respond = lambda request: (200, {})
+    assert len(refused) > 100, "the receiver must have refused some events, or the test proves nothing"
+    assert parked == 0
+    assert workers == 4, "every worker published its own share"
+    # The deliveries (every POST but the refused first attempts), in arrival order, per feature.
+    order, refusal_seen = defaultdict(list), set()
+    for r in receiver.requests:
+        body = json.loads(r["body"])
+        if int(body["feature_id"]) < first:
+            continue
+        if body["event_id"] in refused and body["event_id"] not in refusal_seen:
+            refusal_seen.add(body["event_id"])
+            continue
+        order[int(body["feature_id"])].append(body["event_version"])
+    assert sum(len(v) for v in order.values()) == FEATURES * VERSIONS, "every event delivered exactly once"
+    bad = [f for f, versions in order.items() if versions != list(range(1, VERSIONS + 1))]
+    assert len(order) == FEATURES and bad == [], f"{len(bad)} features out of order, e.g. {bad[0]}: {order[bad[0]]}"
+
+
+def test_nats_subscribers_see_each_feature_in_order_with_four_workers(relay, receiver, nats_server):
+    first = 20_000
+    configure(relay, endpoint=nats_server.url)
+    try:
+        with relay.connect(DB) as conn:
+            edits(conn, first, VERSIONS)
+            wait_for(lambda: settled(conn, first), 90, "the relay to publish 5,000 events")
+        seen = by_feature(m["event"] for m in nats_server.messages() if int(m["event"]["feature_id"]) >= first)
+        assert len(seen) == FEATURES
+        bad = [f for f, versions in seen.items() if versions != list(range(1, VERSIONS + 1))]
+        assert bad == [], f"{len(bad)} features out of order, e.g. {bad[0]}: {seen[bad[0]]}"
+    finally:
+        configure(relay, endpoint=receiver.url)
+
+
+def test_a_parked_row_holds_back_its_feature_until_parked_and_no_other(relay, receiver):
+    first = 30_000
+    with relay.connect(DB) as conn:
+        conn.execute("""SELECT feature_outbox.edit_feature(i, '{"type":"Point","coordinates":[1,1]}', 'created')
+                          FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + 9))
+        wait_for(lambda: settled(conn, first), 30, "the created events")
+        stuck = first  # its next event is refused every time, until it parks (max_attempts = 4)
+        receiver.respond = lambda request: (422, {}) if (json.loads(request["body"])["feature_id"] == str(stuck)
+                                                         and json.loads(request["body"])["event_version"] == 2) else (200, {})
+        try:
+            for v in (2, 3):
+                conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[1,%%s]}', %s), 'moved')
+                                  FROM generate_series(%s::bigint, %s::bigint) i""", (v, first, first + 9))
+            # Other features are never held back: all their events arrive while the stuck one retries.
+            others = lambda: {(e["feature_id"], e["event_version"]) for e in receiver.events() if first < int(e["feature_id"]) < first + 10}
+            wait_for(lambda: len(others()) == 9 * 3, 30, "the other features' events")
+            # The stuck feature's version 3 waits behind version 2 while that one is retried ...
+            versions_now = [e["event_version"] for e in receiver.events() if e["feature_id"] == str(stuck)]
+            parked_now = conn.execute("SELECT parked_at IS NOT NULL FROM feature_outbox.outbox WHERE feature_id = %s AND feature_version = 2",
+                                      (stuck,)).fetchone()[0]
+            if not parked_now:
+                assert 3 not in versions_now
+            # ... and flows once version 2 is parked (README, "Per-feature order").
+            wait_for(lambda: conn.execute("SELECT parked_at IS NOT NULL FROM feature_outbox.outbox WHERE feature_id = %s AND feature_version = 2",
+                                          (stuck,)).fetchone()[0], 30, "version 2 to park")
+            wait_for(lambda: 3 in [e["event_version"] for e in receiver.events() if e["feature_id"] == str(stuck)], 30,
+                     "version 3 after the park")
+        finally:
+            receiver.respond = lambda request: (200, {})
