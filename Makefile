@@ -39,8 +39,12 @@ test: unit-test pg-test
 demo: setup
 	bash demo/run.sh
 
-bench: install
+## bench: the release build with the test-only discard:// sink (the in-worker floor), then the
+## plain release build back in place.
+bench: setup
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
 	bash bench/run.sh
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
 clean:
 	cargo clean

@@ -46,6 +46,10 @@ pub enum Outcome {
 pub enum Sink {
     Nats(nats::NatsSink),
     Http(http::HttpSink),
+    /// Test and benchmark builds only (`discard://`): acknowledges every event without sending it,
+    /// so `make bench` can measure the worker's own claim and mark (the in-worker floor).
+    #[cfg(feature = "fault-injection")]
+    Discard,
 }
 
 impl Sink {
@@ -55,6 +59,8 @@ impl Sink {
         match scheme.as_str() {
             "nats" | "tls" => nats::NatsSink::connect(config, client_name).map(Sink::Nats),
             "http" | "https" => http::HttpSink::new(config).map(Sink::Http),
+            #[cfg(feature = "fault-injection")]
+            "discard" => Ok(Sink::Discard),
             _ => Err(format!(
                 "feature_outbox.endpoint \"{}\" must start with nats://, tls://, http:// or https://",
                 config.endpoint
@@ -68,6 +74,8 @@ impl Sink {
         match self {
             Sink::Nats(s) => s.publish(rows, bodies, relayed_at),
             Sink::Http(s) => s.publish(rows, bodies),
+            #[cfg(feature = "fault-injection")]
+            Sink::Discard => rows.iter().map(|_| Outcome::Delivered { duplicate: false }).collect(),
         }
     }
 }
