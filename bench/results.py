@@ -64,7 +64,9 @@ def configure(c, restart=False, **settings):
 
 
 def paused(c):
-    configure(c, endpoint=f"http://127.0.0.1:{free_port()}/paused")
+    """No endpoint: the workers claim nothing (a closed port would still let them lock a batch for a
+    moment, which an external relay's SKIP LOCKED would skip)."""
+    configure(c, endpoint="")
     time.sleep(0.3)
 
 
@@ -280,6 +282,48 @@ def claim_times(c):
         return timed(claim), timed("SELECT * FROM feature_outbox.backlog")
 
 
+def cpu_profile(c, server, run):
+    """perf's view of one more 2-worker drain: CPU share by process, and by library inside the
+    workers. None when perf is missing or not allowed."""
+    if subprocess.run(["sh", "-c", "command -v perf"], capture_output=True).returncode != 0:
+        return None
+    data = RUN_DIR / "results-perf.data"
+    stream, prefix = f"R{run}", f"r{run}"
+    configure(c, nats_stream=stream, nats_subject_prefix=prefix)
+    fill(c, BACKLOG)
+    perf = subprocess.Popen(["perf", "record", "-a", "-F", "499", "-o", str(data), "--", "sleep", "600"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    configure(c, endpoint=server.url)
+    wait_for(lambda: unpublished(c) == 0, 600, "the profiled drain", interval=0.02)
+    perf.send_signal(2)
+    perf.wait(30)
+    stream_count(server, stream)
+    paused(c)
+
+    def report(*args):
+        out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", *args],
+                             capture_output=True, text=True).stdout
+        rows = []
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].endswith("%") and not line.startswith("#"):
+                rows.append((" ".join(parts[1:]), float(parts[0].rstrip("%"))))
+        return rows
+    workers = [str(pid) for pid, *_ in memory(c)]
+    by_pid = report("--sort", "pid")
+    if not by_pid:
+        return None
+    shares: dict = {}
+    for name, share in by_pid:  # "12345:postgres"
+        pid, _, comm = name.partition(":")
+        label = f"relay worker (pid {pid})" if pid in workers else comm
+        shares[label] = shares.get(label, 0.0) + share
+    by_process = sorted(shares.items(), key=lambda kv: -kv[1])[:8]
+    in_workers = report("--sort", "dso", "--pid", ",".join(workers))[:8]
+    return by_process, in_workers
+
+
 def memory(c):
     with c.connect(DB) as conn:
         pids = [r[0] for r in conn.execute("SELECT pid FROM feature_outbox.workers WHERE pid IS NOT NULL ORDER BY worker")]
@@ -289,7 +333,7 @@ def memory(c):
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
             k, v = line.split(":", 1)
             fields[k] = int(v.split()[0]) / 1024
-        out.append((pid, fields.get("Rss", 0), fields.get("Pss", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)))
+        out.append((pid, fields.get("Rss", 0), fields.get("Pss", 0), fields.get("Anonymous", 0)))
     return out
 
 
@@ -300,9 +344,9 @@ def main():
     receiver = Receiver()
     c = Cluster(RUN_DIR / "results", free_port())
     c.start(f"feature_outbox.database = '{DB}'", "feature_outbox.relay_workers = 1",
-            f"feature_outbox.endpoint = 'http://127.0.0.1:{free_port()}/paused'", "feature_outbox.retention = 0",
+            "feature_outbox.endpoint = ''", "feature_outbox.retention = 0",
             "feature_outbox.retry_backoff_max = '200ms'", "shared_buffers = '512MB'", "max_wal_size = '4GB'",
-            "synchronous_commit = off")
+            "synchronous_commit = off", *([f"feature_outbox.batch_size = {os.environ['BENCH_BATCH']}"] if os.environ.get("BENCH_BATCH") else []))
     try:
         c.create_db(DB)
         c.restart()
@@ -350,16 +394,28 @@ def main():
         say(f"| (d) database floor: the guide's claim and mark from Python, no publish | {spread(rates['d'])} |")
         say(f"| (e) in-worker floor: the worker's claim and mark, discard sink | {spread(rates['e'])} |")
         say()
+        say(f"batch_size {os.environ.get('BENCH_BATCH', '1000 (the default)')}; the guide's relay and floor claim 200 rows, as the guide does.")
         say(f"a/c = {med['a'] / med['c']:.1f}×, a/d = {med['a'] / med['d']:.2f} (target ≥ 0.60), "
             f"b/a = {med['b'] / med['a']:.2f}, b/c = {med['b'] / med['c']:.1f}× (target ≥ 10×), a/e = {med['a'] / med['e']:.2f}.")
         say(f"Every run counted {BACKLOG:,} events in its own stream (fresh event ids, so no duplicate-window short-cut).")
         say()
+        profile = cpu_profile(c, server, run + 1)
+        if profile:
+            say("Where the CPU goes during a 2-worker drain (`perf record -a`, share of all samples on both cores):")
+            say()
+            say("| process | share | | library, within the relay workers | share |")
+            say("|---|---|---|---|---|")
+            for (comm, share), (dso, dshare) in zip(profile[0] + [("", 0.0)] * 8, profile[1] + [("", 0.0)] * 8):
+                if comm or dso:
+                    say(f"| {comm} | {share:.1f} % | | {dso} | {dshare:.1f} % |")
+            say()
 
         # 2. HTTP -------------------------------------------------------------------------------
         http = [worker_drain(c, server, 1000 + i, sink_url=receiver.url) for i in range(REPEATS)]
         say(f"## 2. HTTP: the same backlog to a loopback receiver answering 200, 2 workers")
         say()
-        say(f"{spread(http)} events/s (the receiver is Python's ThreadingHTTPServer; it saw {len(receiver.requests):,} requests).")
+        say(f"{spread(http)} events/s (the receiver is Python's ThreadingHTTPServer; it answered {len(receiver.requests):,} requests "
+            f"in {REPEATS} runs).")
         say()
 
         # 3. latency ------------------------------------------------------------------------------
@@ -422,12 +478,14 @@ def main():
         # 6. memory ---------------------------------------------------------------------------------
         say("## 6. Worker memory after the relay runs (1 worker, MB)")
         say()
-        say("| pid | RSS | Pss | private |")
+        say("| pid | RSS | Pss | anonymous (its own heap) |")
         say("|---|---|---|---|")
         for pid, rss, pss, private in mem:
             say(f"| {pid} | {rss:.1f} | {pss:.1f} | {private:.1f} |")
         say()
-        say("RSS counts the shared buffers the worker touched; private is its own (target ≤ 32 MB).")
+        say("RSS and Pss count the shared buffers the worker touched (shared memory: `Private` in smaps would")
+        say("count buffers only this worker mapped); anonymous memory is the worker's own heap, its tokio runtime,")
+        say("TLS roots and client buffers (target ≤ 32 MB).")
         say()
         say(f"Run time: {(time.monotonic() - t0) / 60:.1f} min.")
     finally:

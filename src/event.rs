@@ -4,7 +4,6 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use serde::Serialize;
-use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::Sha256;
 
@@ -50,7 +49,7 @@ struct Event<'a> {
     routing_key: &'a str,
     previous_routing_key: Option<&'a str>,
     crs: &'static str,
-    geometry: Option<Value>,
+    geometry: Option<Box<RawValue>>,
     properties: Option<&'a RawValue>,
     /// Set instead of `geometry` when the event would exceed the NATS server's max_payload.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,14 +82,18 @@ pub fn to_json_by_ref(row: &Row, relayed_at: &str, geometry_ref: &GeometryRef) -
 
 /// The GeoJSON geometry text of `row` alone (what a geometry_ref object holds); None when deleted.
 pub fn geometry_json(row: &Row) -> Result<Option<Vec<u8>>, String> {
-    geometry(row)?.map(|g| serde_json::to_vec(&g).map_err(|e| e.to_string())).transpose()
+    row.geometry.as_deref().map(crate::geojson::text_from_wkb).transpose().map_err(|e| e.message)
 }
 
-fn geometry(row: &Row) -> Result<Option<Value>, String> {
-    row.geometry.as_deref().map(crate::geojson::from_wkb).transpose().map_err(|e| e.message)
+fn geometry(row: &Row) -> Result<Option<Box<RawValue>>, String> {
+    match geometry_json(row)? {
+        // The text is GeoJSON as written; RawValue checks it once, without building a tree.
+        Some(text) => RawValue::from_string(String::from_utf8(text).map_err(|e| e.to_string())?).map(Some).map_err(|e| e.to_string()),
+        None => Ok(None),
+    }
 }
 
-fn build(row: &Row, relayed_at: &str, geometry: Option<Value>, geometry_ref: Option<&GeometryRef>) -> Result<Vec<u8>, String> {
+fn build(row: &Row, relayed_at: &str, geometry: Option<Box<RawValue>>, geometry_ref: Option<&GeometryRef>) -> Result<Vec<u8>, String> {
     serde_json::to_vec(&Event {
         schema_version: SCHEMA_VERSION,
         event_id: &row.event_id,

@@ -10,7 +10,7 @@ use geo_traits::{
     CoordTrait, GeometryCollectionTrait, GeometryTrait, GeometryType, LineStringTrait, MultiLineStringTrait,
     MultiPointTrait, MultiPolygonTrait, PointTrait, PolygonTrait,
 };
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::input_error::{Code, InputError};
 
@@ -191,46 +191,131 @@ fn polygon(v: &Value) -> Result<Polygon, InputError> {
     Ok(Polygon::new(exterior, rings.collect()))
 }
 
-/// WKB (2-D, EPSG:4326) to a GeoJSON geometry object. Errors name what cannot be encoded: curves,
-/// triangles and other types GeoJSON lacks, empty points, non-finite ordinates, malformed WKB.
-pub fn from_wkb(wkb: &[u8]) -> Result<Value, InputError> {
+/// WKB (2-D, EPSG:4326) to the text of a GeoJSON geometry object. Errors name what cannot be
+/// encoded: curves, triangles and other types GeoJSON lacks, empty points, non-finite ordinates,
+/// malformed WKB. Written straight into a buffer, the JSON a serde Value would give (each
+/// ordinate as serde_json prints it: the shortest decimal that reads back as the same double)
+/// without building the tree first. The relay encodes every event's geometry with it.
+pub fn text_from_wkb(wkb: &[u8]) -> Result<Vec<u8>, InputError> {
     crate::edit::inspect::guarded(|| {
         let g = wkb::reader::read_wkb(wkb)
             .map_err(|e| InputError::new(Code::InvalidParameter, format!("geometry cannot be encoded as GeoJSON: {e}")))?;
-        write(&g)
+        let mut out = Vec::with_capacity(wkb.len() * 2);
+        write_text(&g, &mut out)?;
+        Ok(out)
     })
 }
 
-fn write(g: &impl GeometryTrait<T = f64>) -> Result<Value, InputError> {
+fn write_text(g: &impl GeometryTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), InputError> {
     let unsupported = |what: &str| InputError::new(Code::InvalidParameter, format!("a {what} cannot be encoded as GeoJSON"));
-    Ok(match g.as_type() {
-        GeometryType::Point(p) => json!({"type": "Point", "coordinates": p.coord().map(|c| pos(&c)).transpose()?.ok_or_else(|| unsupported("empty point"))?}),
-        GeometryType::LineString(l) => json!({"type": "LineString", "coordinates": positions(l)?}),
-        GeometryType::Polygon(p) => json!({"type": "Polygon", "coordinates": rings(p)?}),
-        GeometryType::MultiPoint(m) => json!({"type": "MultiPoint", "coordinates": m.points()
-            .map(|p| p.coord().map(|c| pos(&c)).transpose()?.ok_or_else(|| unsupported("empty point")))
-            .collect::<Result<Vec<_>, _>>()?}),
-        GeometryType::MultiLineString(m) => json!({"type": "MultiLineString", "coordinates": m.line_strings().map(|l| positions(&l)).collect::<Result<Vec<_>, _>>()?}),
-        GeometryType::MultiPolygon(m) => json!({"type": "MultiPolygon", "coordinates": m.polygons().map(|p| rings(&p)).collect::<Result<Vec<_>, _>>()?}),
-        GeometryType::GeometryCollection(gc) => json!({"type": "GeometryCollection", "geometries": gc.geometries().map(|m| write(&m)).collect::<Result<Vec<_>, _>>()?}),
+    let head = |out: &mut Vec<u8>, kind: &str| {
+        out.extend_from_slice(b"{\"type\":\"");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\",\"coordinates\":");
+    };
+    match g.as_type() {
+        GeometryType::Point(p) => {
+            head(out, "Point");
+            text_pos(&p.coord().ok_or_else(|| unsupported("empty point"))?, out)?;
+        }
+        GeometryType::LineString(l) => {
+            head(out, "LineString");
+            text_positions(l, out)?;
+        }
+        GeometryType::Polygon(p) => {
+            head(out, "Polygon");
+            text_rings(p, out)?;
+        }
+        GeometryType::MultiPoint(m) => {
+            head(out, "MultiPoint");
+            out.push(b'[');
+            for (i, p) in m.points().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                text_pos(&p.coord().ok_or_else(|| unsupported("empty point"))?, out)?;
+            }
+            out.push(b']');
+        }
+        GeometryType::MultiLineString(m) => {
+            head(out, "MultiLineString");
+            out.push(b'[');
+            for (i, l) in m.line_strings().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                text_positions(&l, out)?;
+            }
+            out.push(b']');
+        }
+        GeometryType::MultiPolygon(m) => {
+            head(out, "MultiPolygon");
+            out.push(b'[');
+            for (i, p) in m.polygons().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                text_rings(&p, out)?;
+            }
+            out.push(b']');
+        }
+        GeometryType::GeometryCollection(gc) => {
+            out.extend_from_slice(b"{\"type\":\"GeometryCollection\",\"geometries\":[");
+            for (i, m) in gc.geometries().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_text(&m, out)?;
+            }
+            out.push(b']');
+        }
         _ => return Err(unsupported("geometry of this type")),
-    })
+    }
+    out.push(b'}');
+    Ok(())
 }
 
-fn pos(c: &impl CoordTrait<T = f64>) -> Result<Value, InputError> {
+fn text_pos(c: &impl CoordTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), InputError> {
     let (x, y) = (c.x(), c.y());
     if !x.is_finite() || !y.is_finite() {
         return Err(InputError::new(Code::InvalidParameter, format!("non-finite ordinate ({x}, {y}) cannot be encoded as GeoJSON")));
     }
-    Ok(json!([x, y]))
+    out.push(b'[');
+    let _ = serde_json::to_writer(&mut *out, &x);
+    out.push(b',');
+    let _ = serde_json::to_writer(&mut *out, &y);
+    out.push(b']');
+    Ok(())
 }
 
-fn positions(l: &impl LineStringTrait<T = f64>) -> Result<Vec<Value>, InputError> {
-    l.coords().map(|c| pos(&c)).collect()
+fn text_positions(l: &impl LineStringTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), InputError> {
+    out.push(b'[');
+    for (i, c) in l.coords().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        text_pos(&c, out)?;
+    }
+    out.push(b']');
+    Ok(())
 }
 
-fn rings(p: &impl PolygonTrait<T = f64>) -> Result<Vec<Value>, InputError> {
-    p.exterior().into_iter().chain(p.interiors()).map(|r| positions(&r).map(Value::Array)).collect()
+fn text_rings(p: &impl PolygonTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), InputError> {
+    out.push(b'[');
+    for (i, r) in p.exterior().into_iter().chain(p.interiors()).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        text_positions(&r, out)?;
+    }
+    out.push(b']');
+    Ok(())
+}
+
+/// The GeoJSON of WKB as a Value (tests compare with it).
+#[cfg(test)]
+pub fn from_wkb(wkb: &[u8]) -> Result<Value, InputError> {
+    text_from_wkb(wkb).map(|t| serde_json::from_slice(&t).expect("text_from_wkb writes JSON"))
 }
 
 #[cfg(test)]
