@@ -228,50 +228,36 @@ fn write_text(g: &impl GeometryTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), 
         }
         GeometryType::MultiPoint(m) => {
             head(out, "MultiPoint");
-            out.push(b'[');
-            for (i, p) in m.points().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                text_pos(&p.coord().ok_or_else(|| unsupported("empty point"))?, out)?;
-            }
-            out.push(b']');
+            list(out, m.points(), |p, out| text_pos(&p.coord().ok_or_else(|| unsupported("empty point"))?, out))?;
         }
         GeometryType::MultiLineString(m) => {
             head(out, "MultiLineString");
-            out.push(b'[');
-            for (i, l) in m.line_strings().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                text_positions(&l, out)?;
-            }
-            out.push(b']');
+            list(out, m.line_strings(), |l, out| text_positions(&l, out))?;
         }
         GeometryType::MultiPolygon(m) => {
             head(out, "MultiPolygon");
-            out.push(b'[');
-            for (i, p) in m.polygons().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                text_rings(&p, out)?;
-            }
-            out.push(b']');
+            list(out, m.polygons(), |p, out| text_rings(&p, out))?;
         }
         GeometryType::GeometryCollection(gc) => {
-            out.extend_from_slice(b"{\"type\":\"GeometryCollection\",\"geometries\":[");
-            for (i, m) in gc.geometries().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_text(&m, out)?;
-            }
-            out.push(b']');
+            out.extend_from_slice(b"{\"type\":\"GeometryCollection\",\"geometries\":");
+            list(out, gc.geometries(), |m, out| write_text(&m, out))?;
         }
         _ => return Err(unsupported("geometry of this type")),
     }
     out.push(b'}');
+    Ok(())
+}
+
+/// `[a,b,...]`, each item written by `each`.
+fn list<T>(out: &mut Vec<u8>, items: impl Iterator<Item = T>, mut each: impl FnMut(T, &mut Vec<u8>) -> Result<(), InputError>) -> Result<(), InputError> {
+    out.push(b'[');
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        each(item, out)?;
+    }
+    out.push(b']');
     Ok(())
 }
 
@@ -289,27 +275,11 @@ fn text_pos(c: &impl CoordTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), Input
 }
 
 fn text_positions(l: &impl LineStringTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), InputError> {
-    out.push(b'[');
-    for (i, c) in l.coords().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        text_pos(&c, out)?;
-    }
-    out.push(b']');
-    Ok(())
+    list(out, l.coords(), |c, out| text_pos(&c, out))
 }
 
 fn text_rings(p: &impl PolygonTrait<T = f64>, out: &mut Vec<u8>) -> Result<(), InputError> {
-    out.push(b'[');
-    for (i, r) in p.exterior().into_iter().chain(p.interiors()).enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        text_positions(&r, out)?;
-    }
-    out.push(b']');
-    Ok(())
+    list(out, p.exterior().into_iter().chain(p.interiors()), |r, out| text_positions(&r, out))
 }
 
 /// The GeoJSON of WKB as a Value (tests compare with it).
