@@ -160,8 +160,13 @@ def all_published(conn) -> bool:
     return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)").fetchone()[0]
 
 
-# The claim's scan as the worker runs it (src/relay.rs, CLAIM), from the id given as `low`.
+# The claim's scan as a single worker runs it (src/claim.rs, CLAIM_SQL, with $3 workers = 1, so the
+# partition test drops out), from the id given as `low`, claiming 200 rows.
 CLAIM_FROM = """SELECT o.id FROM feature_outbox.outbox o
                  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= {low}
                    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+                   AND NOT EXISTS (SELECT 1 FROM feature_outbox.outbox w
+                                    WHERE w.published_at IS NULL AND w.next_attempt_at IS NOT NULL AND w.parked_at IS NULL
+                                      AND w.feature_id = o.feature_id AND w.next_attempt_at > now() AND w.layer = o.layer
+                                      AND w.id < o.id)
                  ORDER BY o.id LIMIT 200 FOR UPDATE OF o SKIP LOCKED"""
