@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import h3
 import nats
 
 from conftest import free_port
@@ -60,8 +61,9 @@ class NatsServer:
             self.proc.wait(10)
             self.proc = None
 
-    def messages(self, stream: str = "FEATURES") -> list[dict]:
-        """Every message in the stream: subject, headers and decoded JSON body."""
+    def messages(self, stream: str = "FEATURES", departed: bool = False) -> list[dict]:
+        """Every message in the stream: subject, headers and decoded JSON body. Departure notices
+        (Nats-Msg-Id `<event_id>:departed`, the same body again) only with `departed`."""
         async def read():
             nc = await nats.connect(self.url.replace("tls://", "nats://"), **self.client)
             js = nc.jetstream()
@@ -76,10 +78,19 @@ class NatsServer:
                 return out
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 m = await js.get_msg(stream, seq)
+                if not departed and (m.headers or {}).get("Nats-Msg-Id", "").endswith(":departed"):
+                    continue
                 out.append({"subject": m.subject, "headers": dict(m.headers or {}), "event": json.loads(m.data)})
             await nc.close()
             return out
         return asyncio.run(read())
+
+
+def subject(layer: str, event_type: str, key: str, resolutions=(3, 5, 7), prefix: str = "features") -> str:
+    """The subject the relay publishes an event on: `<prefix>.<layer>.<event_type>.<parents>.<key>`,
+    the parents being the key's H3 parents at each of `resolutions` coarser than its own (src/subjects.rs)."""
+    own = h3.get_resolution(key)
+    return ".".join([prefix, layer, event_type, *(h3.cell_to_parent(key, r) for r in resolutions if r < own), key])
 
 
 def get_object(server, bucket: str, name: str) -> bytes:

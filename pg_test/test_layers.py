@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from conftest import COUNTIES, RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, wait_for
+from relay_harness import NatsServer, subject, wait_for
 
 DB = "layers"
 SETTINGS = (
@@ -131,8 +131,13 @@ def test_edit_feature_lifecycle_in_a_state_plane_table(db, nats_server):
     wait_for(lambda: relayed(db), 20, "the relay to publish the parcels events")
     got = events(nats_server, "parcels", fid)
     assert [m["subject"] for m in got] == [
-        f"features.parcels.created.{key_a}", f"features.parcels.updated.{key_a}",
-        f"features.parcels.moved.{key_b}", f"features.parcels.retired.{key_b}"]
+        subject("parcels", "created", key_a), subject("parcels", "updated", key_a),
+        subject("parcels", "moved", key_b), subject("parcels", "retired", key_b)]
+    # The move left key_a: a departure notice on its cells, with the moved event's body.
+    gone = [m for m in nats_server.messages(departed=True) if m["headers"]["Nats-Msg-Id"].endswith(":departed")
+            and m["event"]["layer"] == "parcels" and m["event"]["feature_id"] == str(fid)]
+    assert [m["subject"] for m in gone] == [subject("parcels", "departed", key_a)]
+    assert gone[0]["event"] == got[2]["event"] and gone[0]["headers"]["Nats-Msg-Id"] == got[2]["event"]["event_id"] + ":departed"
     for m in got:
         e = m["event"]
         assert e["schema_version"] == 3 and e["layer"] == "parcels" and e["crs"] == "EPSG:4326"
@@ -354,7 +359,7 @@ def test_subject_format_0_1_keeps_the_built_in_subjects(relay, db, nats_server):
         wait_for(lambda: relayed(db), 20, "the relay to publish")
         subjects = {m["event"]["layer"]: m["subject"] for m in nats_server.messages() if m["event"]["feature_id"] == "501"}
         assert subjects["features"] == f"features.created.{key_of(db, point)}"
-        assert subjects["parcels"] == f"features.parcels.created.{key_of(db, BLOCK_A)}"
+        assert subjects["parcels"] == subject("parcels", "created", key_of(db, BLOCK_A))
     finally:
         with relay.connect() as su:
             su.execute("ALTER SYSTEM RESET feature_outbox.subject_format")

@@ -15,7 +15,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
-from relay_harness import NatsServer, Receiver, get_object, wait_for
+from relay_harness import NatsServer, Receiver, get_object, subject, wait_for
 
 DB = "relay"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -28,7 +28,7 @@ SETTINGS = (
     "feature_outbox.max_attempts = 3",
 )
 EVENT_FIELDS = {"schema_version", "event_id", "layer", "properties", "action", "feature_id", "event_version", "geometry_version",
-                "routing_key", "previous_routing_key", "crs", "geometry", "occurred_at", "relayed_at"}
+                "routing_key", "previous_routing_key", "crs", "geometry", "bbox", "previous_bbox", "occurred_at", "relayed_at"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
@@ -153,7 +153,7 @@ def test_nats_every_edit_once_with_format_and_headers(relay, nats_server):
     for m in msgs:
         e, row = m["event"], rows[m["event"]["event_id"]]
         assert set(e) == EVENT_FIELDS
-        assert m["subject"] == f"features.features.{row['event_type']}.{row['routing_key']}"
+        assert m["subject"] == subject("features", row["event_type"], row["routing_key"])
         assert e["layer"] == "features" and e["properties"] == {}
         assert m["headers"]["Nats-Msg-Id"] == e["event_id"]
         assert m["headers"]["Feature-Id"] == str(row["feature_id"]) == e["feature_id"]

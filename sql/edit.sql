@@ -311,7 +311,8 @@ BEGIN
                     RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                    -- the resolution changed since: the old routing point at the new one
                                    ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
-                              END AS previous_key
+                              END AS previous_key,
+                              s.previous_bbox
                 ), f AS (
                     UPDATE features f
                        SET geom = coalesce(g, f.geom),
@@ -320,10 +321,11 @@ BEGIN
                            retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
                       FROM st
                      WHERE f.id = p_feature_id AND f.retired_at IS NULL
-                    RETURNING f.version, st.previous_key
+                    RETURNING f.version, st.previous_key, st.previous_bbox
                 )
-                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
-                SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features' FROM f
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
+                SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features',
+                       f.previous_bbox FROM f
                 RETURNING feature_version INTO new_version;
                 EXIT WHEN new_version IS NOT NULL;
 
@@ -473,10 +475,11 @@ BEGIN
                 RETURNING s.routing_key,
                           CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
-                          END AS previous_key
+                          END AS previous_key,
+                          s.previous_bbox
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
-            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer FROM st;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
+            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox FROM st;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 0 THEN
                 RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';

@@ -396,7 +396,8 @@ BEGIN
                     RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                    -- the resolution changed since: the old routing point at the new one
                                    ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
-                              END AS previous_key
+                              END AS previous_key,
+                              s.previous_bbox
                 ), f AS (
                     UPDATE features f
                        SET geom = coalesce(g, f.geom),
@@ -405,10 +406,11 @@ BEGIN
                            retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
                       FROM st
                      WHERE f.id = p_feature_id AND f.retired_at IS NULL
-                    RETURNING f.version, st.previous_key
+                    RETURNING f.version, st.previous_key, st.previous_bbox
                 )
-                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
-                SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features' FROM f
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
+                SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features',
+                       f.previous_bbox FROM f
                 RETURNING feature_version INTO new_version;
                 EXIT WHEN new_version IS NOT NULL;
 
@@ -558,10 +560,11 @@ BEGIN
                 RETURNING s.routing_key,
                           CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
-                          END AS previous_key
+                          END AS previous_key,
+                          s.previous_bbox
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer)
-            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer FROM st;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
+            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox FROM st;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 0 THEN
                 RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';
@@ -697,10 +700,12 @@ DROP FUNCTION _routing_cell(bytea);
 ALTER TABLE outbox ADD COLUMN layer text NOT NULL DEFAULT 'features';
 ALTER TABLE outbox ALTER COLUMN layer DROP DEFAULT;
 ALTER TABLE outbox ALTER COLUMN schema_version SET DEFAULT 3;
+-- The box before each edit (events' previous_bbox); NULL for the rows written before.
+ALTER TABLE outbox ADD COLUMN previous_bbox float8[];
 -- A wider CHECK: every existing row passes it, so NOT VALID then VALIDATE holds no long lock.
 ALTER TABLE outbox DROP CONSTRAINT outbox_event_type_check;
 ALTER TABLE outbox ADD CONSTRAINT outbox_event_type_check
-    CHECK (event_type IN ('created', 'moved', 'retired', 'updated')) NOT VALID;
+    CHECK (event_type IN ('created', 'moved', 'retired', 'updated', 'snapshot')) NOT VALID;
 ALTER TABLE outbox VALIDATE CONSTRAINT outbox_event_type_check;
 
 -- The layers: tables whose rows edit_feature and record_edit write events for. The built-in table is
@@ -1052,6 +1057,7 @@ AS $$
         format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
         format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
         format('outbox_rows_relayed_total{event_type="updated"} %s', _relay_relayed('updated')),
+        format('outbox_rows_relayed_total{event_type="snapshot"} %s', _relay_relayed('snapshot')),
         (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
                            E'\n' ORDER BY g.ord)
            FROM (VALUES
@@ -1118,8 +1124,223 @@ COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per la
 -- Monitoring roles read the views.
 GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
 
+-- Area subscriptions: hierarchical subjects, departure notices, bounding boxes, the backlog by
+-- cell and backfills (sql/backfill.sql) ------------------------------------------------------------
+
+-- H3 parents, for backlog_by_cell.
+CREATE  FUNCTION "_h3_parent"(
+	"cell" TEXT, /* & str */
+	"resolution" INT /* i32 */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_h3_parent_wrapper';
+
+-- backfill's reads of a layer's table, as the caller.
+CREATE  FUNCTION "_as_caller_rows"(
+	"sql" TEXT, /* & str */
+	"args" bigint[] /* Vec < Option < i64 > > */
+) RETURNS SETOF TEXT[] /* Vec < Option < String > > */
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_as_caller_rows_wrapper';
+REVOKE ALL ON FUNCTION _as_caller_rows(text, bigint[]) FROM PUBLIC;
+
+-- The backlog by area: unpublished, unparked rows per layer and H3 parent of their routing key at
+-- `resolution`. Its cost follows the unpublished rows (the partial index, from the low-water mark
+-- up: below it every row is published or parked), never the published history.
+CREATE FUNCTION backlog_by_cell(resolution integer DEFAULT 5)
+RETURNS TABLE (layer text, cell text, unpublished_rows bigint, oldest_unpublished_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    IF resolution IS NULL OR resolution NOT BETWEEN 0 AND 15 THEN
+        RAISE EXCEPTION 'H3 resolution % is outside 0-15', coalesce(resolution::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT o.layer, _h3_parent(o.routing_key, resolution), count(*), min(o.created_at)
+      FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= _relay_low_water()
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+END
+$$;
+COMMENT ON FUNCTION backlog_by_cell(integer) IS
+    'Unpublished, unparked outbox rows per layer and H3 parent cell (at resolution 0-15, default 5) of their routing '
+    'key, with the oldest one''s time. 22023 for a resolution finer than a routing key''s own.';
+REVOKE ALL ON FUNCTION backlog_by_cell(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backlog_by_cell(integer) TO pg_monitor;
+
+
+-- Backfill: one snapshot event per live feature of a layer (in an area), for a consumer that starts
+-- empty. A procedure, so that it commits in chunks: each chunk holds its features' row locks for
+-- milliseconds, never the whole layer for the whole run.
+--
+-- Consistency: each chunk locks its feature rows FOR SHARE, in the order edits lock them, while it
+-- writes their snapshot rows. An edit racing with it therefore commits either before the chunk (the
+-- snapshot carries its version) or after it (its outbox row is written after the snapshot's, and the
+-- relay's per-feature order delivers it after the snapshot).
+
+-- The per-feature state of a feature that has none, from its stored geometry (EPSG:4326), as its
+-- next edit would fill it. A shape the edit path cannot route (NULL, empty, refused) gets none, and
+-- so no snapshot.
+CREATE FUNCTION __backfill_state(p_layer text, p_feature_id bigint, shape geometry, v_res integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF shape IS NULL OR ST_IsEmpty(shape) THEN
+        RETURN;
+    END IF;
+    INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+    SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
+           (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+      FROM _routing_point(shape) q
+    ON CONFLICT (layer, feature_id) DO NOTHING;
+EXCEPTION WHEN data_exception THEN
+    NULL;
+END
+$$;
+
+-- The body of one chunk, run as the extension's owner by the C entry _backfill_chunk (which records
+-- the calling role, as edit_feature(layer, ...) does). p_after: the last feature id of the chunk
+-- before (-2^63 at first). Returns {last feature id looked at (NULL: none left), snapshots written}.
+CREATE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after bigint, p_limit integer) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    lay layer_registry;
+    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
+    area geometry;
+    candidates bigint[];   -- this chunk's live features, in id order
+    versions integer[];    -- a user layer's: their versions, read under the row lock
+    missing bigint[];      -- of those, the ones without per-feature state yet
+    locked bigint[];       -- the ones whose routing point lies in the area, state locked
+    r text[];
+    n bigint;
+BEGIN
+    IF NOT has_function_privilege(caller, 'feature_outbox.backfill(text, geometry, bigint)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for procedure backfill' USING ERRCODE = '42501',
+            HINT = 'Snapshots reach every subscriber: GRANT EXECUTE ON PROCEDURE feature_outbox.backfill TO the role, as its owner.';
+    END IF;
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    IF p_area IS NOT NULL THEN
+        IF ST_SRID(p_area) = 0 THEN
+            RAISE EXCEPTION 'area has no SRID' USING ERRCODE = '22023',
+                HINT = 'Give it one, e.g. ST_SetSRID(area, 4326) for longitude/latitude degrees.';
+        END IF;
+        area := ST_Transform(p_area, 4326);
+    END IF;
+    -- As edits do: unregister_layer waits for this chunk, and this chunk for it.
+    PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
+
+    IF p_layer = 'features' THEN
+        SELECT array_agg(c.id ORDER BY c.id) INTO candidates
+          FROM (SELECT f.id FROM features f WHERE f.id > p_after AND f.retired_at IS NULL ORDER BY f.id LIMIT p_limit) c;
+    ELSE
+        -- A user layer's rows are read and locked as the caller, with its rights, before the state:
+        -- the order its edits lock them in (the row, then the state), so the two never deadlock.
+        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::integer ORDER BY x[1]::bigint)
+          INTO candidates, versions
+          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text FROM %3$s t WHERE t.%1$I > $1[1]%4$s ORDER BY t.%1$I LIMIT $1[2] FOR SHARE OF t',
+                                      lay.id_column, lay.version_column, lay.tbl,
+                                      CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END),
+                               ARRAY[p_after, p_limit]) x;
+    END IF;
+    IF candidates IS NULL THEN
+        RETURN ARRAY[NULL, 0]::bigint[];
+    END IF;
+
+    -- Features without per-feature state (written before 0.2.0, or before the layer was registered):
+    -- their state from the stored geometry, as their next edit would fill it. A stored geometry the
+    -- edit path cannot route (NULL, empty) gets no state and no snapshot.
+    missing := ARRAY(SELECT c FROM unnest(candidates) c
+                      WHERE NOT EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = c));
+    IF cardinality(missing) > 0 THEN
+        FOR r IN
+            SELECT ARRAY[f.id::text, ST_AsHEXEWKB(f.geom)] FROM features f WHERE p_layer = 'features' AND f.id = ANY(missing)
+        LOOP
+            PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+        END LOOP;
+        IF p_layer <> 'features' THEN
+            FOR r IN
+                SELECT x FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
+                                                     lay.id_column, lay.geometry_column, lay.tbl), missing) x
+            LOOP
+                PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+            END LOOP;
+        END IF;
+    END IF;
+
+    -- The state of those in the area, locked. For the built-in table the state goes first and the
+    -- feature row after it, the order edit_feature locks them in.
+    locked := ARRAY(SELECT l.feature_id FROM (
+                  SELECT s.feature_id FROM feature_state s
+                   WHERE s.layer = p_layer AND s.feature_id = ANY(candidates)
+                     AND (area IS NULL OR ST_Intersects(area, ST_SetSRID(ST_MakePoint(s.routing_point[1], s.routing_point[2]), 4326)))
+                   ORDER BY s.feature_id
+                     FOR SHARE OF s) l);
+    IF p_layer = 'features' THEN
+        SELECT array_agg(v.id ORDER BY v.id), array_agg(v.version ORDER BY v.id) INTO locked, versions
+          FROM (SELECT f.id, f.version FROM features f WHERE f.id = ANY(locked) AND f.retired_at IS NULL
+                 ORDER BY f.id FOR SHARE OF f) v;
+        candidates := locked;
+    END IF;
+
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
+    SELECT s.feature_id, u.version, 'snapshot', s.routing_key, p_layer
+      FROM unnest(candidates, versions) u(id, version)
+      JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+     WHERE u.id = ANY(locked)
+     ORDER BY u.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM _wake_relay_at_commit();
+    END IF;
+    RETURN ARRAY[(SELECT max(c) FROM unnest(candidates) c), n];
+END
+$$;
+
+CREATE FUNCTION _backfill_chunk(layer text, area geometry, after bigint, chunk integer) RETURNS bigint[]
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+COMMENT ON FUNCTION _backfill_chunk(text, geometry, bigint, integer) IS
+    'One chunk of backfill(); callable only by roles that may execute backfill.';
+
+-- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
+-- schema-qualified or a built-in.
+CREATE PROCEDURE backfill(layer text, area geometry DEFAULT NULL, INOUT written bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    after bigint := -9223372036854775808;
+    r bigint[];
+BEGIN
+    written := 0;
+    LOOP
+        r := feature_outbox._backfill_chunk(layer, area, after, 500);
+        EXIT WHEN r[1] IS NULL;
+        written := written + r[2];
+        after := r[1];
+        COMMIT;
+    END LOOP;
+END
+$$;
+COMMENT ON PROCEDURE backfill(text, geometry, bigint) IS
+    'Writes one snapshot event per live feature of a layer whose routing point lies in area (any SRID; NULL: all), '
+    'committing every 500 features, and returns their count in written. CALL it outside a transaction block. '
+    'EXECUTE is not granted to PUBLIC: snapshots reach every subscriber of the area.';
+REVOKE ALL ON FUNCTION __backfill_chunk(text, geometry, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __backfill_state(text, bigint, geometry, integer) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
+
 -- As sql/finalize.sql does at CREATE EXTENSION: pin search_path on every SQL and plpgsql function,
--- including those this script adds. PostGIS's schema is known only at run time.
+-- including those this script adds. PostGIS's schema is known only at run time. Procedures are
+-- left out: one with a SET clause cannot COMMIT.
 DO $pin$
 DECLARE
     postgis_schema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
@@ -1127,7 +1348,7 @@ DECLARE
     fn regprocedure;
 BEGIN
     FOR fn IN SELECT p.oid::regprocedure FROM pg_proc p
-               WHERE p.pronamespace = 'feature_outbox'::regnamespace
+               WHERE p.pronamespace = 'feature_outbox'::regnamespace AND p.prokind = 'f'
                  AND p.prolang IN (SELECT oid FROM pg_language WHERE lanname IN ('sql', 'plpgsql'))
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, feature_outbox, pg_temp', fn, postgis_schema);

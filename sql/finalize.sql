@@ -15,13 +15,20 @@ REVOKE ALL ON FUNCTION _unregister_layer(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _layer_write(text, text, oid, text, text, text, text, bigint, anyelement, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _as_caller_row(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
+REVOKE ALL ON FUNCTION _as_caller_rows(text, bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __backfill_chunk(text, geometry, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __backfill_state(text, bigint, geometry, integer) FROM PUBLIC;
+-- Snapshots reach every subscriber: backfill is the operator's (GRANT EXECUTE to a role that may).
+-- _backfill_chunk stays callable, since backfill runs as its caller; it checks EXECUTE on backfill.
+REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
 REVOKE ALL ON TABLE features, outbox, feature_state, layer_registry FROM PUBLIC;
 -- Anyone may list the layers; register_layer checks that the caller owns the table.
 GRANT SELECT ON layers TO PUBLIC;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;
 
--- Pin search_path on every SQL and SECURITY DEFINER function: pg_catalog first, then the schema
--- PostGIS lives in (any schema), then ours. Done here because PostGIS's schema is known only now.
+-- Pin search_path on every SQL and plpgsql function: pg_catalog first, then the schema PostGIS
+-- lives in (any schema), then ours. Done here because PostGIS's schema is known only now.
+-- Procedures are left out: one with a SET clause cannot COMMIT (backfill qualifies every name).
 DO $pin$
 DECLARE
     postgis_schema text := (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
@@ -29,7 +36,7 @@ DECLARE
     fn regprocedure;
 BEGIN
     FOR fn IN SELECT p.oid::regprocedure FROM pg_proc p
-               WHERE p.pronamespace = 'feature_outbox'::regnamespace
+               WHERE p.pronamespace = 'feature_outbox'::regnamespace AND p.prokind = 'f'
                  AND p.prolang IN (SELECT oid FROM pg_language WHERE lanname IN ('sql', 'plpgsql'))
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, feature_outbox, pg_temp', fn, postgis_schema);

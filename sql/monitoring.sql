@@ -63,6 +63,7 @@ AS $$
         format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
         format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
         format('outbox_rows_relayed_total{event_type="updated"} %s', _relay_relayed('updated')),
+        format('outbox_rows_relayed_total{event_type="snapshot"} %s', _relay_relayed('snapshot')),
         (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
                            E'\n' ORDER BY g.ord)
            FROM (VALUES
@@ -130,6 +131,31 @@ SELECT l.layer,
 COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
 
 GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
+
+-- The backlog by area: unpublished, unparked rows per layer and H3 parent of their routing key at
+-- `resolution`. Its cost follows the unpublished rows (the partial index, from the low-water mark
+-- up: below it every row is published or parked), never the published history.
+CREATE FUNCTION backlog_by_cell(resolution integer DEFAULT 5)
+RETURNS TABLE (layer text, cell text, unpublished_rows bigint, oldest_unpublished_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+AS $$
+BEGIN
+    IF resolution IS NULL OR resolution NOT BETWEEN 0 AND 15 THEN
+        RAISE EXCEPTION 'H3 resolution % is outside 0-15', coalesce(resolution::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT o.layer, _h3_parent(o.routing_key, resolution), count(*), min(o.created_at)
+      FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= _relay_low_water()
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+END
+$$;
+COMMENT ON FUNCTION backlog_by_cell(integer) IS
+    'Unpublished, unparked outbox rows per layer and H3 parent cell (at resolution 0-15, default 5) of their routing '
+    'key, with the oldest one''s time. 22023 for a resolution finer than a routing key''s own.';
+REVOKE ALL ON FUNCTION backlog_by_cell(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION backlog_by_cell(integer) TO pg_monitor;
 
 -- Requeues parked rows for a fresh round of feature_outbox.max_attempts (attempts keeps the history).
 -- Returns how many.

@@ -17,7 +17,7 @@ CREATE TABLE outbox (
     event_id             uuid        NOT NULL DEFAULT gen_random_uuid() UNIQUE,
     feature_id           bigint      NOT NULL,
     feature_version      integer     NOT NULL,   -- the version this event describes
-    event_type           text        NOT NULL CHECK (event_type IN ('created', 'moved', 'retired', 'updated')),
+    event_type           text        NOT NULL CHECK (event_type IN ('created', 'moved', 'retired', 'updated', 'snapshot')),
     routing_key          text        NOT NULL,   -- H3 cell of the geometry written by this edit
     previous_routing_key text,                   -- H3 cell of the geometry before it; NULL for created
     schema_version       integer     NOT NULL DEFAULT 3,
@@ -31,7 +31,10 @@ CREATE TABLE outbox (
     next_attempt_at      timestamptz,
     parked_at            timestamptz,
     -- The layer (layer_registry) whose table holds the feature; 'features' is the built-in table.
-    layer                text        NOT NULL
+    layer                text        NOT NULL,
+    -- Bounding box of the geometry before this edit, {west, south, east, north} in EPSG:4326 degrees
+    -- (RFC 7946 §5), from the per-feature state at write time; NULL for created and snapshot.
+    previous_bbox        float8[]
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';

@@ -28,7 +28,7 @@ pub const CLAIM_SQL: &str = "
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       o.row_failures, o.layer
+       o.row_failures, o.layer, o.previous_bbox
   FROM feature_outbox.outbox o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
@@ -99,6 +99,7 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
             occurred_at: get_s(8)?.unwrap_or_default(),
             row_failures: r.get::<i32>(9).map_err(text)?.unwrap_or_default(),
             layer: get_s(10)?.unwrap_or_default(),
+            previous_bbox: r.get::<Vec<f64>>(11).map_err(text)?,
             geometry_version: None,
             geometry: None,
             properties: None,

@@ -22,6 +22,9 @@ pub struct Row {
     pub event_type: String,
     pub routing_key: String,
     pub previous_routing_key: Option<String>,
+    /// Bounding box of the geometry before this edit, recorded at write time: [west, south, east,
+    /// north] in degrees (RFC 7946 §5). None for created and snapshot events.
+    pub previous_bbox: Option<Vec<f64>>,
     /// RFC 3339 UTC time of the edit (the outbox row's created_at).
     pub occurred_at: String,
     /// The feature's current version; None when the feature row was hard-deleted.
@@ -35,8 +38,8 @@ pub struct Row {
     pub row_failures: i32,
 }
 
-/// The event JSON (schema 3): the guide's fields plus event_id, layer, previous_routing_key,
-/// properties and relayed_at.
+/// The event JSON (schema 3): the guide's fields plus event_id, layer, previous_routing_key, bbox,
+/// previous_bbox, properties and relayed_at.
 #[derive(Serialize)]
 struct Event<'a> {
     schema_version: i32,
@@ -50,6 +53,10 @@ struct Event<'a> {
     previous_routing_key: Option<&'a str>,
     crs: &'static str,
     geometry: Option<Box<RawValue>>,
+    /// Of `geometry`: [west, south, east, north] in degrees, RFC 7946 §5 (west > east across the
+    /// antimeridian). With previous_bbox, the tiles a tile builder must expire.
+    bbox: Option<[f64; 4]>,
+    previous_bbox: Option<&'a [f64]>,
     properties: Option<&'a RawValue>,
     /// Set instead of `geometry` when the event would exceed the NATS server's max_payload.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -106,6 +113,8 @@ fn build(row: &Row, relayed_at: &str, geometry: Option<Box<RawValue>>, geometry_
         previous_routing_key: row.previous_routing_key.as_deref(),
         crs: "EPSG:4326",
         geometry,
+        bbox: row.geometry.as_deref().and_then(crate::edit::inspect::bbox),
+        previous_bbox: row.previous_bbox.as_deref(),
         properties: row.properties.as_deref(),
         geometry_ref,
         occurred_at: &row.occurred_at,
@@ -142,6 +151,7 @@ pub(crate) mod tests {
             event_type: "moved".into(),
             routing_key: "881f1d4891fffff".into(),
             previous_routing_key: Some("881fb46753fffff".into()),
+            previous_bbox: Some(vec![13.3, 52.5, 13.35, 52.55]),
             occurred_at: "2026-11-30T06:00:00.000000Z".into(),
             geometry_version: Some(3),
             geometry: Some(point_wkb(13.400000000000001, 52.52)),
@@ -166,7 +176,9 @@ pub(crate) mod tests {
         assert_eq!(v["schema_version"], 3);
         assert_eq!(v["layer"], "parcels");
         assert_eq!(v["properties"], serde_json::json!({"name": "Main St", "lanes": 2}));
-        assert_eq!(v.as_object().unwrap().len(), 14);
+        assert_eq!(v["bbox"], serde_json::json!([13.400000000000001, 52.52, 13.400000000000001, 52.52]));
+        assert_eq!(v["previous_bbox"], serde_json::json!([13.3, 52.5, 13.35, 52.55]));
+        assert_eq!(v.as_object().unwrap().len(), 16);
     }
 
     #[test]
@@ -180,7 +192,7 @@ pub(crate) mod tests {
         // The object is exactly the geometry the inline event would carry.
         let inline: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&object).unwrap(), inline["geometry"]);
-        assert_eq!(v.as_object().unwrap().len(), 15);
+        assert_eq!(v.as_object().unwrap().len(), 17);
     }
 
     #[test]
@@ -191,6 +203,7 @@ pub(crate) mod tests {
         r.properties = None;
         let v: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
         assert!(v["geometry"].is_null() && v["geometry_version"].is_null() && v["properties"].is_null());
+        assert!(v["bbox"].is_null());
     }
 
     #[test]

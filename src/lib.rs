@@ -21,6 +21,7 @@ mod roles;
 mod routing;
 mod settings;
 mod sinks;
+mod subjects;
 mod subxact;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -56,9 +57,15 @@ extension_sql_file!(
         monitoring::_relay_status,
         monitoring::_relay_preloaded,
         monitoring::_relay_relayed,
+        edit::_h3_parent,
         relay_state::_relay_low_water,
         relay_state::_relay_low_water_reset
     ]
+);
+extension_sql_file!(
+    "../sql/backfill.sql",
+    name = "backfill",
+    requires = ["edit", "layers", edit::layers::_as_caller_rows]
 );
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 

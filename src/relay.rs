@@ -363,6 +363,7 @@ impl Relay {
             http_secret: optional(settings::string(&settings::HTTP_SECRET)),
             subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
             legacy_subjects: settings::SUBJECT_FORMAT.get() == settings::SubjectFormat::Legacy,
+            subject_resolutions: settings::subject_resolutions(),
             stream: settings::string(&settings::NATS_STREAM),
             duplicate_window: Duration::from_secs(settings::NATS_DUPLICATE_WINDOW_S.get() as u64),
             replicas: settings::NATS_REPLICAS.get() as usize,
@@ -538,7 +539,7 @@ enum BatchEnd {
 struct Published {
     claimed: usize,
     not_tried: usize,
-    delivered_by_type: [i64; 4],
+    delivered_by_type: [i64; 5],
     duplicates: i64,
     failed: i64,
     parked: Vec<(i64, &'static str, String)>,

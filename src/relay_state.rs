@@ -10,7 +10,7 @@ use pgrx::{PgXactCallbackEvent, pg_shmem_init, pg_sys, register_xact_callback};
 
 pub const MAX_WORKERS: usize = 32;
 const ERROR_LEN: usize = 240;
-pub const EVENT_TYPES: [&str; 4] = ["created", "moved", "retired", "updated"];
+pub const EVENT_TYPES: [&str; 5] = ["created", "moved", "retired", "updated", "snapshot"];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(u8)]
@@ -45,7 +45,7 @@ pub struct Slot {
     pub latch: usize,
     pub state: WorkerState,
     pub relayed_rows: i64,
-    pub relayed_by_type: [i64; 4],
+    pub relayed_by_type: [i64; 5],
     pub duplicates: i64,
     pub failed_attempts: i64,
     pub last_active_at: pg_sys::TimestampTz,
@@ -65,7 +65,7 @@ impl Default for Slot {
             latch: 0,
             state: WorkerState::Stopped,
             relayed_rows: 0,
-            relayed_by_type: [0; 4],
+            relayed_by_type: [0; 5],
             duplicates: 0,
             failed_attempts: 0,
             last_active_at: 0,

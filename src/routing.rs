@@ -3,8 +3,10 @@
 //! PostGIS picks the routing point (`ST_PointOnSurface`, see `sql/edit.sql`); this module only turns
 //! that point, given as WKB in EPSG:4326, into a lowercase-hex H3 cell with h3o. Pure Rust, no Postgres.
 
+use std::str::FromStr;
+
 use geo_traits::{CoordTrait, GeometryTrait, GeometryType, PointTrait};
-use h3o::{LatLng, Resolution};
+use h3o::{CellIndex, LatLng, Resolution};
 
 use crate::input_error::{Code, InputError};
 
@@ -49,6 +51,46 @@ pub fn cell_for_lonlat(lon: f64, lat: f64, res: Resolution) -> Result<String, In
         ));
     }
     Ok(ll.to_cell(res).to_string())
+}
+
+/// A routing key (lowercase-hex H3 cell); 22P02 when it is not one.
+pub fn parse_cell(key: &str) -> Result<CellIndex, InputError> {
+    CellIndex::from_str(key).map_err(|_| InputError::new(Code::InvalidText, format!("\"{key}\" is not an H3 cell index")))
+}
+
+/// The H3 parent of cell `key` at `resolution` (the cell itself at its own resolution), as
+/// lowercase hex. Only parents nest: a point's cell at a coarser resolution is not always the
+/// parent of its finer cell, so subjects and area filters use parents alone.
+///
+/// Errors: 22P02 for a key that is not a cell, 22023 for a resolution finer than the key's own or
+/// outside 0–15.
+pub fn parent(key: &str, resolution: i32) -> Result<String, InputError> {
+    let cell = parse_cell(key)?;
+    let res = resolution_of(resolution).map_err(|e| InputError::new(Code::InvalidParameter, e.message))?;
+    cell.parent(res).map(|c| c.to_string()).ok_or_else(|| {
+        InputError::new(
+            Code::InvalidParameter,
+            format!("resolution {resolution} is finer than routing key {key}'s own ({})", u8::from(cell.resolution())),
+        )
+        .hint("Ask for a resolution at most feature_outbox.h3_resolution.")
+    })
+}
+
+/// The subject hierarchy of routing key `key`: its parent at each of `resolutions` (ascending)
+/// coarser than its own, then the key itself. A key at resolution 8 with `[3, 5, 7]` gives
+/// `[r3, r5, r7, key]`; with `[3, 5, 9]`, `[r3, r5, key]`.
+pub fn hierarchy(key: &str, resolutions: &[u8]) -> Result<Vec<String>, InputError> {
+    let cell = parse_cell(key)?;
+    let own = cell.resolution();
+    let mut tokens: Vec<String> = resolutions
+        .iter()
+        .filter_map(|&r| Resolution::try_from(r).ok())
+        .filter(|&r| r < own)
+        .filter_map(|r| cell.parent(r))
+        .map(|c| c.to_string())
+        .collect();
+    tokens.push(cell.to_string());
+    Ok(tokens)
 }
 
 #[cfg(test)]
@@ -106,5 +148,40 @@ pub(crate) mod tests {
             line.extend_from_slice(&v.to_le_bytes());
         }
         assert_eq!(cell_for_point_wkb(&line, 8).unwrap_err().code, Code::InvalidParameter);
+    }
+
+    #[test]
+    fn parents_nest_and_hierarchies_use_coarser_levels_only() {
+        let key = cell_for_point_wkb(&point_wkb(13.405, 52.52), 8).unwrap();
+        let h = hierarchy(&key, &[3, 5, 7]).unwrap();
+        assert_eq!(h.len(), 4);
+        assert_eq!(h[3], key);
+        for (token, res) in h.iter().zip([3, 5, 7]) {
+            assert_eq!(token, &parent(&key, res).unwrap());
+            assert_eq!(parse_cell(token).unwrap().resolution(), Resolution::try_from(res as u8).unwrap());
+        }
+        // Each level is the parent of the next.
+        assert_eq!(parent(&h[2], 5).unwrap(), h[1]);
+        assert_eq!(parent(&h[1], 3).unwrap(), h[0]);
+        // Levels at or finer than the key's own are left out.
+        assert_eq!(hierarchy(&key, &[3, 8, 9]).unwrap(), vec![h[0].clone(), key.clone()]);
+        assert_eq!(hierarchy(&key, &[]).unwrap(), vec![key.clone()]);
+        assert_eq!(parent(&key, 8).unwrap(), key);
+        assert_eq!(parent(&key, 9).unwrap_err().code, Code::InvalidParameter);
+        assert_eq!(parent(&key, 16).unwrap_err().code, Code::InvalidParameter);
+        assert_eq!(parent("zz", 3).unwrap_err().code, Code::InvalidText);
+    }
+
+    #[test]
+    fn a_parent_differs_from_a_fresh_lookup_for_some_points() {
+        // The reason subjects use parents: the coarse cell of a point is not always its fine cell's parent.
+        let mut differ = 0;
+        for i in 0..2000 {
+            let (lon, lat) = (-120.0 + (i as f64) * 0.0173, 30.0 + (i as f64 * 0.0071) % 15.0);
+            let fine = cell_for_lonlat(lon, lat, Resolution::Eight).unwrap();
+            let fresh = cell_for_lonlat(lon, lat, Resolution::Three).unwrap();
+            differ += (parent(&fine, 3).unwrap() != fresh) as usize;
+        }
+        assert!(differ > 0 && differ < 400, "{differ}");
     }
 }

@@ -53,6 +53,7 @@ pub static NATS_DUPLICATE_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(600
 pub static NATS_REPLICAS: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static NATS_MAX_AGE_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static NATS_OBJECT_BUCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"FEATURES_GEOMETRY"));
+pub static SUBJECT_RESOLUTIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"3,5,7"));
 pub static HTTP_MAX_BODY_KB: GucSetting<i32> = GucSetting::<i32>::new(10 * 1024);
 
 /// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
@@ -156,6 +157,19 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.subject_resolutions",
+            c"H3 resolutions whose parent cells go into each NATS subject before the routing key, e.g. 3,5,7.",
+            c"Strictly ascending integers 0-15, comma-separated; empty for none. Only levels coarser than a key's own are used.",
+            &SUBJECT_RESOLUTIONS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_resolutions),
+            None,
+            None,
+        );
+    }
     string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
@@ -183,6 +197,38 @@ pub fn init() {
             Some(show_secret),
         );
     }
+}
+
+/// Parses feature_outbox.subject_resolutions: strictly ascending integers in 0–15, comma-separated,
+/// spaces allowed; the empty string is the empty list.
+pub fn parse_resolutions(value: &str) -> Result<Vec<u8>, String> {
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut list: Vec<u8> = Vec::new();
+    for part in value.split(',') {
+        let r = part.trim().parse::<u8>().ok().filter(|r| *r <= 15).ok_or_else(|| format!("\"{}\" is not an H3 resolution (0-15).", part.trim()))?;
+        if list.last().is_some_and(|last| *last >= r) {
+            return Err(format!("Resolutions must be strictly ascending; {r} follows {}.", list.last().copied().unwrap_or_default()));
+        }
+        list.push(r);
+    }
+    Ok(list)
+}
+
+/// The subject resolutions now in effect (validated when set).
+pub fn subject_resolutions() -> Vec<u8> {
+    parse_resolutions(&string(&SUBJECT_RESOLUTIONS)).unwrap_or_default()
+}
+
+/// Refuses a resolution list that is not strictly ascending 0–15 when it is set (22023).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_resolutions(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("?") } };
+    let Err(detail) = parse_resolutions(value) else { return true };
+    let detail = CString::new(detail).unwrap_or_default();
+    unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
+    false
 }
 
 /// A JetStream bucket name, as NATS requires: one or more of A-Z, a-z, 0-9, - and _.
@@ -263,6 +309,16 @@ mod tests {
         assert!(super::valid_bucket("FEATURES_GEOMETRY") && super::valid_bucket("geo-2"));
         for bad in ["", "a.b", "x y", "$O", "a>"] {
             assert!(!super::valid_bucket(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn subject_resolutions_are_strictly_ascending_0_to_15() {
+        assert_eq!(super::parse_resolutions("3,5,7"), Ok(vec![3, 5, 7]));
+        assert_eq!(super::parse_resolutions(" 0, 15 "), Ok(vec![0, 15]));
+        assert_eq!(super::parse_resolutions(""), Ok(vec![]));
+        for bad in ["5,3", "3,3", "16", "-1", "3,,5", "a", "3;5"] {
+            assert!(super::parse_resolutions(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -86,6 +86,13 @@ pub fn inspect(wkb: &[u8], rules: &Rules) -> Result<Facts, InputError> {
     })
 }
 
+/// The bounding box of a geometry in EPSG:4326 degrees, `[west, south, east, north]` as RFC 7946 §5:
+/// west > east across the antimeridian (§5.2); a cap around a pole reaches ±90 over all
+/// longitudes (§5.3). None for a geometry `inspect` would refuse (empty, out of range).
+pub fn bbox(wkb: &[u8]) -> Option<[f64; 4]> {
+    inspect(wkb, &Rules { lonlat: true, ..Rules::default() }).ok().map(|f| f.bbox)
+}
+
 /// Validates every coordinate of a 2-D WKB geometry (the 0.1.0 entry point; see `inspect`).
 pub fn check(wkb: &[u8], lonlat: bool) -> Result<(), InputError> {
     guarded(|| Walk::new(&Rules { lonlat, ..Rules::default() }).geometry(&read(wkb)?, true))
@@ -134,7 +141,13 @@ impl<'a> Walk<'a> {
     }
 
     fn facts(&self) -> Facts {
-        let (west, east) = if self.crosses {
+        // Across the antimeridian, or in parts on both sides of it that are closer that way round
+        // (RFC 7946 §5.2's Fiji example): the box from the shifted extent, west > east. Not for a
+        // shape that reaches a pole (a polar cap, §5.3): its edges along the pole span every
+        // longitude between its vertices.
+        let polar = self.lat.0 <= -90.0 || self.lat.1 >= 90.0;
+        let narrower = !polar && self.shifted.1 - self.shifted.0 < self.lon.1 - self.lon.0;
+        let (west, east) = if self.crosses || narrower {
             let wrap = |x: f64| if x > 180.0 { x - 360.0 } else { x };
             (wrap(self.shifted.0), wrap(self.shifted.1))
         } else {
@@ -400,6 +413,13 @@ pub(crate) mod tests {
         assert_eq!(facts.bbox, [179.5, 51.0, -179.5, 52.0]);
         let plain = inspect(&wkb(&square(13.0, 52.0).into()), &rules).unwrap();
         assert_eq!(plain.bbox, [13.0, 52.0, 14.0, 53.0]);
+        // Parts on both sides, none crossing (RFC 7946 §5.2's Fiji): the narrow box, west > east.
+        let fiji: Geometry = MultiPolygon::new(vec![square(177.0, -20.0), square(-179.0, -17.0)]).into();
+        assert_eq!(bbox(&wkb(&fiji)), Some([177.0, -20.0, -178.0, -16.0]));
+        // Parts far apart the other way: the ordinary box.
+        let wide: Geometry = MultiPolygon::new(vec![square(-10.0, 0.0), square(9.0, 0.0)]).into();
+        assert_eq!(bbox(&wkb(&wide)), Some([-10.0, 0.0, 10.0, 1.0]));
+        assert_eq!(bbox(&[1, 2, 3]), None);
     }
 
     #[test]

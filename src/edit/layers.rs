@@ -53,7 +53,7 @@ pub extern "C" fn pg_finfo_feature_outbox_entry() -> &'static pg_sys::Pg_finfo_r
 pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let fn_oid = (*(*fcinfo).flinfo).fn_oid;
-        let (name, owner) = name_and_owner(fn_oid);
+        let (name, owner, returns) = name_and_owner(fn_oid);
         let nargs = (*fcinfo).nargs as usize;
         let types: Vec<pg_sys::Oid> = (0..nargs).map(|i| pgrx::fcinfo::pg_getarg_type(fcinfo, i)).collect();
         let params = (1..=nargs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
@@ -76,21 +76,31 @@ pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCal
         let caller = roles::current();
         let _calling = Calling::push(caller);
         let _owner = As::enter(owner, caller.context, 0);
-        // The bodies return integer or void: by value, so the datum outlives SPI's memory.
-        let result: Option<i32> = Spi::connect_mut(|client| {
+        // The bodies return integer, bigint[] or void. Both are read as Rust values inside SPI and
+        // turned into a datum after it, in the caller's memory context.
+        let result: Option<Result<i32, Vec<Option<i64>>>> = Spi::connect_mut(|client| {
             let plan = prepared(client, &sql, &types, true);
             let table = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("{e}"));
-            if table.is_empty() { None } else { table.first().get::<i32>(1).ok().flatten() }
+            if table.is_empty() {
+                return None;
+            }
+            if returns == pg_sys::INT8ARRAYOID {
+                return table.first().get::<Vec<Option<i64>>>(1).ok().flatten().map(Err);
+            }
+            table.first().get::<i32>(1).ok().flatten().map(Ok)
         });
-        match result {
-            Some(v) => pg_sys::Datum::from(v),
+        match result.and_then(|r| match r {
+            Ok(v) => Some(pg_sys::Datum::from(v)),
+            Err(array) => array.into_datum(),
+        }) {
+            Some(v) => v,
             None => pgrx::fcinfo::pg_return_null(fcinfo),
         }
     }
 }
 
-/// The SQL name of function `oid` and its owner (the extension's owner, who created it).
-unsafe fn name_and_owner(oid: pg_sys::Oid) -> (String, pg_sys::Oid) {
+/// The SQL name of function `oid`, its owner (the extension's owner, who created it) and its return type.
+unsafe fn name_and_owner(oid: pg_sys::Oid) -> (String, pg_sys::Oid, pg_sys::Oid) {
     unsafe {
         let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::PROCOID as i32, pg_sys::Datum::from(oid));
         if tuple.is_null() {
@@ -98,9 +108,9 @@ unsafe fn name_and_owner(oid: pg_sys::Oid) -> (String, pg_sys::Oid) {
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
         let name = CStr::from_ptr((*form).proname.data.as_ptr()).to_string_lossy().into_owned();
-        let owner = (*form).proowner;
+        let (owner, returns) = ((*form).proowner, (*form).prorettype);
         pg_sys::ReleaseSysCache(tuple);
-        (name, owner)
+        (name, owner, returns)
     }
 }
 
@@ -153,6 +163,25 @@ fn _as_caller_row(sql: &str, feature_id: i64) -> Option<Vec<Option<String>>> {
         let n = row.columns().unwrap_or(0);
         Some((1..=n).map(|i| row.get::<String>(i).ok().flatten()).collect())
     })
+}
+
+/// Runs `sql` (`$1` a bigint[] of its arguments) as the caller of the running feature_outbox
+/// function, read-write so that it may lock rows (FOR SHARE), and returns each row's columns as
+/// text. For backfill's reads of a layer's table, with the caller's rights.
+#[pg_extern(volatile)]
+fn _as_caller_rows(sql: &str, args: Vec<Option<i64>>) -> SetOfIterator<'static, Vec<Option<String>>> {
+    let _caller = as_caller();
+    let rows: Vec<Vec<Option<String>>> = Spi::connect_mut(|client| {
+        let plan = prepared(client, sql, &[pg_sys::INT8ARRAYOID], true);
+        let table = client.update(&*plan, None, &[args.into()]).unwrap_or_else(|e| error!("{e}"));
+        table
+            .map(|row| {
+                let n = row.columns();
+                (1..=n).map(|i| row.get::<String>(i).ok().flatten()).collect()
+            })
+            .collect()
+    });
+    SetOfIterator::new(rows)
 }
 
 // ---- the write -----------------------------------------------------------------------------------

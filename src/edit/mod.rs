@@ -89,6 +89,14 @@ fn _h3_cell(lon: f64, lat: f64, resolution: i32) -> String {
     ok_or_report(routing::cell_for_lonlat(lon, lat, res), "edit_feature")
 }
 
+/// The H3 parent (lowercase hex) of routing key `cell` at `resolution` 0–15; the cell itself at its
+/// own resolution. Raises 22023 for a resolution finer than the cell's own or outside 0–15, and
+/// 22P02 for text that is not an H3 cell.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn _h3_parent(cell: &str, resolution: i32) -> String {
+    ok_or_report(routing::parent(cell, resolution), "backlog_by_cell")
+}
+
 // The 0.1.0 helpers. 0.1.0's install script declares them, so their symbols stay; 0.2.0 no longer
 // declares them as SQL functions (the upgrade script drops them).
 

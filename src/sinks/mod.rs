@@ -18,6 +18,8 @@ pub struct SinkConfig {
     pub subject_prefix: String,
     /// feature_outbox.subject_format = '0.1': the built-in layer keeps its 0.1.0 subjects.
     pub legacy_subjects: bool,
+    /// feature_outbox.subject_resolutions: the parent cells each subject carries.
+    pub subject_resolutions: Vec<u8>,
     pub stream: String,
     pub duplicate_window: Duration,
     pub replicas: usize,

@@ -11,6 +11,7 @@ use tokio::runtime::Runtime;
 
 use super::{Outcome, SinkConfig};
 use crate::event::{self, GeometryRef, Row};
+use crate::subjects;
 
 pub struct NatsSink {
     runtime: Runtime,
@@ -19,6 +20,8 @@ pub struct NatsSink {
     prefix: String,
     /// feature_outbox.subject_format = '0.1'.
     legacy_subjects: bool,
+    /// feature_outbox.subject_resolutions.
+    resolutions: Vec<u8>,
     timeout: Duration,
     bucket: object_store::Config,
     /// The object bucket, created or found on the first event over max_payload.
@@ -114,7 +117,7 @@ impl NatsSink {
             num_replicas: config.replicas,
             ..Default::default()
         };
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, timeout, bucket, objects: None, limits_differ })
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), timeout, bucket, objects: None, limits_differ })
     }
 
     /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
@@ -135,7 +138,8 @@ impl NatsSink {
                 by_ref[i] = Some(stored);
             }
         }
-        let (js, prefix, legacy, timeout) = (&self.js, &self.prefix, self.legacy_subjects, self.timeout);
+        let (js, timeout) = (&self.js, self.timeout);
+        let (prefix, legacy, resolutions) = (self.prefix.as_str(), self.legacy_subjects, self.resolutions.as_slice());
         self.runtime.block_on(async {
             let mut outcomes = Vec::with_capacity(rows.len());
             for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
@@ -146,20 +150,40 @@ impl NatsSink {
                 let first = outcomes.len();
                 let mut pending = Vec::with_capacity(rows.len());
                 for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
-                    pending.push(match &by_ref[first + i] {
-                        None => send(js, prefix, legacy, timeout, max_payload, row, body).await,
-                        Some(Ok(thin)) => send(js, prefix, legacy, timeout, max_payload, row, thin).await,
-                        Some(Err(outcome)) => Err(outcome.clone()),
-                    });
+                    let body = match &by_ref[first + i] {
+                        None => body,
+                        Some(Ok(thin)) => thin,
+                        Some(Err(outcome)) => {
+                            pending.push((Err(outcome.clone()), None));
+                            continue;
+                        }
+                    };
+                    let subjects = match subjects::of(prefix, legacy, resolutions, row) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            pending.push((Err(Outcome::RowFailed(e)), None));
+                            continue;
+                        }
+                    };
+                    let event = send(js, timeout, max_payload, row, subjects.event, &row.event_id, body).await;
+                    // The departure notice goes out beside the event, under its own message id, so
+                    // that dedup keeps one of each; the row counts as delivered only with both PubAcks.
+                    let departed = match (&event, subjects.departed) {
+                        (Ok(_), Some(subject)) => {
+                            Some(send(js, timeout, max_payload, row, subject, &format!("{}:{}", row.event_id, subjects::DEPARTED), body).await)
+                        }
+                        _ => None,
+                    };
+                    pending.push((event, departed));
                 }
-                let acks = pending.into_iter().map(|p| async move {
-                    match p {
-                        Err(outcome) => outcome,
-                        Ok(ack) => match tokio::time::timeout(timeout, ack).await {
-                            Ok(Ok(ack)) => Outcome::Delivered { duplicate: ack.duplicate },
-                            Ok(Err(e)) => Outcome::SinkFailed { error: format!("no PubAck: {e}"), retry_after: None },
-                            Err(_) => Outcome::SinkFailed { error: "no PubAck within feature_outbox.publish_timeout".into(), retry_after: None },
+                let acks = pending.into_iter().map(|(event, departed)| async move {
+                    let event = acknowledged(event, timeout).await;
+                    match departed {
+                        Some(departed) if matches!(event, Outcome::Delivered { .. }) => match acknowledged(departed, timeout).await {
+                            Outcome::Delivered { .. } => event,
+                            failed => failed,
                         },
+                        _ => event,
                     }
                 });
                 outcomes.extend(join_all(acks).await);
@@ -266,20 +290,29 @@ fn limits_note(wanted: &stream::Config, have: &stream::Config) -> Option<String>
 /// well under that, so a large batch_size can never wait on itself.
 const IN_FLIGHT: usize = 1000;
 
-/// Sends one event; Err is the row's outcome when it was not sent.
+/// Waits for one message's PubAck, at most publish_timeout.
+async fn acknowledged(sent: Result<jetstream::context::PublishAckFuture, Outcome>, timeout: Duration) -> Outcome {
+    match sent {
+        Err(outcome) => outcome,
+        Ok(ack) => match tokio::time::timeout(timeout, ack).await {
+            Ok(Ok(ack)) => Outcome::Delivered { duplicate: ack.duplicate },
+            Ok(Err(e)) => Outcome::SinkFailed { error: format!("no PubAck: {e}"), retry_after: None },
+            Err(_) => Outcome::SinkFailed { error: "no PubAck within feature_outbox.publish_timeout".into(), retry_after: None },
+        },
+    }
+}
+
+/// Sends one message of `row` on `subject` with `Nats-Msg-Id` `msg_id`; Err is the row's outcome
+/// when it was not sent.
 async fn send(
     js: &jetstream::Context,
-    prefix: &str,
-    legacy: bool,
     timeout: Duration,
     max_payload: usize,
     row: &Row,
+    subject: String,
+    msg_id: &str,
     body: &[u8],
 ) -> Result<jetstream::context::PublishAckFuture, Outcome> {
-    let subject = subject(prefix, legacy, row);
-    if !valid_subject(&subject) {
-        return Err(Outcome::RowFailed(format!("invalid NATS subject \"{subject}\"")));
-    }
     if too_large(body.len(), max_payload) {
         return Err(Outcome::RowFailed(format!(
             "event of {} bytes exceeds the NATS server's max_payload of {max_payload} bytes",
@@ -289,7 +322,7 @@ async fn send(
     let message = jetstream::message::PublishMessage::build()
         .payload(body.to_vec().into())
         .headers(headers(row))
-        .message_id(&row.event_id);
+        .message_id(msg_id);
     match tokio::time::timeout(timeout, js.send_publish(subject, message)).await {
         Ok(Ok(ack)) => Ok(ack),
         Ok(Err(e)) if e.kind() == PublishErrorKind::MaxPayloadExceeded => Err(Outcome::RowFailed(e.to_string())),
@@ -306,23 +339,6 @@ fn headers(row: &Row) -> HeaderMap {
         h.insert("Previous-Routing-Key", prev.as_str());
     }
     h
-}
-
-/// The subject of `row`'s event: `<prefix>.<layer>.<event_type>.<routing_key>`. With `legacy`
-/// (feature_outbox.subject_format = '0.1') the built-in layer keeps its 0.1.0 subject,
-/// `<prefix>.<event_type>.<routing_key>`; user layers, which 0.1.0 did not have, do not.
-fn subject(prefix: &str, legacy: bool, row: &Row) -> String {
-    if legacy && row.layer == "features" {
-        format!("{prefix}.{}.{}", row.event_type, row.routing_key)
-    } else {
-        format!("{prefix}.{}.{}.{}", row.layer, row.event_type, row.routing_key)
-    }
-}
-
-/// A publish subject: dot-separated non-empty tokens, no whitespace, no wildcards.
-fn valid_subject(subject: &str) -> bool {
-    !subject.is_empty()
-        && subject.split('.').all(|t| !t.is_empty() && t != "*" && t != ">" && !t.chars().any(|c| c.is_whitespace()))
 }
 
 #[cfg(test)]
@@ -345,23 +361,5 @@ mod tests {
             limits_note(&wanted, &have).unwrap(),
             "JetStream stream FEATURES exists with other limits, left as they are: max_age 0 s (feature_outbox.nats_max_age 604800 s)"
         );
-    }
-
-    #[test]
-    fn subjects_are_checked() {
-        assert!(valid_subject("features.moved.881f1d4891fffff"));
-        assert!(!valid_subject("features..x"));
-        assert!(!valid_subject("my features.moved.x"));
-        assert!(!valid_subject("features.>"));
-    }
-
-    #[test]
-    fn subjects_carry_the_layer_unless_kept_at_0_1() {
-        let mut row = crate::event::tests::row();
-        row.layer = "features".into();
-        assert_eq!(subject("features", false, &row), "features.features.moved.881f1d4891fffff");
-        assert_eq!(subject("features", true, &row), "features.moved.881f1d4891fffff");
-        row.layer = "parcels".into();
-        assert_eq!(subject("x", true, &row), "x.parcels.moved.881f1d4891fffff");
     }
 }

@@ -15,7 +15,14 @@
 //! State lives in memory here; a real consumer keeps `seen` and `latest` in its own store, updated in
 //! the same transaction as whatever it derives from the event, and acks after that commits.
 //!
+//! With `--area <GeoJSON polygon>` it takes only the events of that area, by subject alone (see
+//! `area`): one filter subject per covering H3 cell, departure notices included, and it keeps the
+//! live set of features inside. With `--backfill-dsn` a consumer that starts empty asks PostgreSQL
+//! for a snapshot of its area (`CALL feature_outbox.backfill`) once it is subscribed.
+//!
 //! Output: progress on stderr, and on exit one line of JSON on stdout (the demo's report reads it).
+
+mod area;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -47,16 +54,43 @@ struct Args {
     /// Stop when nothing has arrived for this many seconds (also bounds the wait for the stream).
     #[arg(long, default_value_t = 10.0)]
     idle_timeout: f64,
+    /// Only this area: a file holding a GeoJSON Polygon or MultiPolygon (or a Feature or
+    /// FeatureCollection of them), in longitude/latitude degrees.
+    #[arg(long)]
+    area: Option<std::path::PathBuf>,
+    /// The layer to take (with --area); `*` takes every layer.
+    #[arg(long, default_value = "*")]
+    layer: String,
+    /// feature_outbox.nats_subject_prefix.
+    #[arg(long, default_value = "features")]
+    prefix: String,
+    /// feature_outbox.subject_resolutions: the parent cells each subject carries.
+    #[arg(long, default_value = "3,5,7", value_delimiter = ',')]
+    subject_resolutions: Vec<u8>,
+    /// feature_outbox.h3_resolution: the routing keys' own resolution.
+    #[arg(long, default_value_t = 8)]
+    key_resolution: u8,
+    /// The subject resolution to cover the area at; by default the finest needing at most --max-cells cells.
+    #[arg(long)]
+    area_resolution: Option<u8>,
+    #[arg(long, default_value_t = 64)]
+    max_cells: usize,
+    /// PostgreSQL connection string: when this consumer starts empty (its durable consumers are new),
+    /// it subscribes from now on and calls feature_outbox.backfill for its layer and area.
+    #[arg(long, requires = "area")]
+    backfill_dsn: Option<String>,
 }
 
 /// The event JSON the relay publishes (schema_version 3). Subject: `<prefix>.<layer>.<action>.<routing_key>`.
+const DEPARTED: &str = "departed";
+
 #[derive(Deserialize)]
 #[allow(dead_code)] // every field is listed as documentation; not all are used below
 struct Event {
     schema_version: i32,
     event_id: String,
     layer: String,  // the layer (table) the feature belongs to; feature ids are unique per layer
-    action: String, // created | moved | updated | retired
+    action: String, // created | moved | updated | retired | snapshot (backfill)
     feature_id: String,
     event_version: i32,            // the version this edit produced
     geometry_version: Option<i32>, // the version of `geometry`; null if the feature was hard-deleted
@@ -64,6 +98,10 @@ struct Event {
     previous_routing_key: Option<String>, // the cell before the edit; null for created
     crs: String,                   // always "EPSG:4326"
     geometry: Value,               // GeoJSON geometry at geometry_version, or null
+    #[serde(default)]
+    bbox: Option<Vec<f64>>,        // [west, south, east, north] of geometry (RFC 7946 §5; west > east across the antimeridian)
+    #[serde(default)]
+    previous_bbox: Option<Vec<f64>>, // the box before this edit: with bbox, the tiles to expire
     properties: Value,             // the layer's registered columns at geometry_version, or null
     // Set (with geometry null) when the event would exceed the NATS server's max_payload: the
     // geometry is an object in a JetStream Object Store bucket.
@@ -93,6 +131,9 @@ struct Consumer {
     header_mismatches: u64, // headers or subject disagree with the body: a relay bug
     malformed: u64,
     geometry_refs_fetched: u64,
+    departures: u64,          // departure notices (Nats-Msg-Id <event_id>:departed), deduplicated
+    area: Option<area::Area>, // --area: the covering cells, and the live set below
+    live: area::LiveSet,
     sample: Option<(usize, Value)>, // smallest moved event (falls back to any), for the report
 }
 
@@ -114,13 +155,23 @@ impl Consumer {
                 return Verdict::Malformed;
             }
         };
-        self.check_envelope(subject, headers, &event);
+        // A departure notice: the event again, on the subjects of the cell the feature left.
+        let departed = subject.split('.').nth(2) == Some("departed");
+        self.check_envelope(subject, headers, &event, departed);
 
         // At-least-once delivery: the same event_id may come again (relay crash between publish and
         // commit, after the stream's duplicate window). Processing it twice must change nothing.
-        if !self.seen.insert(event.event_id.clone()) {
+        let id = if departed { format!("{}:departed", event.event_id) } else { event.event_id.clone() };
+        if !self.seen.insert(id) {
             self.duplicates += 1;
             return Verdict::Duplicate;
+        }
+        if let Some(area) = &self.area {
+            self.live.apply(area, departed, &event.layer, &event.feature_id, &event.action, &event.routing_key);
+        }
+        if departed {
+            self.departures += 1;
+            return Verdict::Applied;
         }
         self.unique_events += 1;
         *self.cells.entry(event.routing_key.clone()).or_default() += 1;
@@ -149,15 +200,21 @@ impl Consumer {
     }
 
     /// The subject and headers repeat parts of the body so routers need not parse it. They must agree.
-    fn check_envelope(&mut self, subject: &str, headers: Option<&async_nats::HeaderMap>, e: &Event) {
+    fn check_envelope(&mut self, subject: &str, headers: Option<&async_nats::HeaderMap>, e: &Event, departed: bool) {
         let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
         let mut problems = Vec::new();
-        // <prefix>.<layer>.<action>. ... .<routing_key>
+        // <prefix>.<layer>.<action>.<parent cells>.<routing_key>, or for a departure notice
+        // <prefix>.<layer>.departed.<parent cells>.<previous_routing_key>
         let tokens: Vec<&str> = subject.split('.').collect();
-        if tokens.len() < 4 || tokens[1] != e.layer || tokens[2] != e.action || tokens.last() != Some(&e.routing_key.as_str()) {
+        let (action, key, msg_id) = if departed {
+            (DEPARTED, e.previous_routing_key.as_deref().unwrap_or_default(), format!("{}:departed", e.event_id))
+        } else {
+            (e.action.as_str(), e.routing_key.as_str(), e.event_id.clone())
+        };
+        if tokens.len() < 4 || tokens[1] != e.layer || tokens[2] != action || tokens.last() != Some(&key) {
             problems.push(format!("subject {subject}"));
         }
-        if header("Nats-Msg-Id").as_deref() != Some(e.event_id.as_str()) {
+        if header("Nats-Msg-Id").as_deref() != Some(msg_id.as_str()) {
             problems.push(format!("Nats-Msg-Id {:?}", header("Nats-Msg-Id")));
         }
         if header("Feature-Id").as_deref() != Some(e.feature_id.as_str()) {
@@ -206,6 +263,15 @@ impl Consumer {
             "header_mismatches": self.header_mismatches,
             "malformed": self.malformed,
             "geometry_refs_fetched": self.geometry_refs_fetched,
+            "departures": self.departures,
+            "area": self.area.as_ref().map(|a| json!({
+                "resolution": u8::from(a.resolution),
+                "cells": a.cells.len(),
+                "live_features": self.live.features.len(),
+                "entered": self.live.entered,
+                "left": self.live.left,
+                "departed_within": self.live.departed_within,
+            })),
             "stopped_by": stopped_by,
             "sample_event": self.sample.as_ref().map(|(_, v)| v.clone()),
         })
@@ -235,23 +301,57 @@ async fn main() -> Result<(), async_nats::Error> {
         }
     };
 
-    // Durable + explicit acks: unacked messages are redelivered after ack_wait; acked ones never again.
-    let consumer = stream
-        .get_or_create_consumer(
-            &args.durable,
-            pull::Config {
-                durable_name: Some(args.durable.clone()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                filter_subject: args.filter.clone().unwrap_or_default(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let mut messages = consumer.stream().max_messages_per_batch(500).messages().await?;
-    eprintln!("consumer: pulling from stream {} as durable {}", args.stream, args.durable);
-
     let mut state = Consumer::default();
+    let filters = match &args.area {
+        None => vec![args.filter.clone().unwrap_or_default()],
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("--area {}: {e}", path.display()))?;
+            let polygons = area::read_polygons(&text)?;
+            let a = area::Area::new(&polygons, args.subject_resolutions.clone(), args.key_resolution, args.area_resolution, args.max_cells)?;
+            eprintln!("consumer: area covered by {} cells at resolution {}", a.cells.len(), u8::from(a.resolution));
+            let f = a.filters(&args.prefix, &args.layer);
+            state.area = Some(a);
+            f
+        }
+    };
+    // nats-server 2.10+ takes every filter subject on one consumer; 2.9 (Debian's) takes one, so
+    // there it is one durable consumer per filter, their messages merged.
+    let version: Vec<u32> = client.server_info().version.split('.').filter_map(|p| p.parse().ok()).collect();
+    let multi_filter = version.as_slice() >= [2, 10].as_slice();
+    let groups: Vec<(String, Vec<String>)> = if multi_filter || filters.len() == 1 {
+        vec![(args.durable.clone(), filters.clone())]
+    } else {
+        filters.iter().enumerate().map(|(i, f)| (format!("{}-{i}", args.durable), vec![f.clone()])).collect()
+    };
+    // Starting empty: none of the durable consumers exists yet.
+    let fresh = stream.get_consumer::<pull::Config>(&groups[0].0).await.is_err();
+    let backfill = args.backfill_dsn.as_ref().filter(|_| fresh);
+    let mut streams = Vec::new();
+    for (name, subjects) in &groups {
+        // Durable + explicit acks: unacked messages are redelivered after ack_wait; acked ones never again.
+        let mut config = pull::Config {
+            durable_name: Some(name.clone()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            // A consumer about to be backfilled takes the events from now on: the snapshots stand
+            // for everything before.
+            deliver_policy: if backfill.is_some() { jetstream::consumer::DeliverPolicy::New } else { jetstream::consumer::DeliverPolicy::All },
+            ..Default::default()
+        };
+        match subjects.as_slice() {
+            [one] => config.filter_subject = one.clone(),
+            many => config.filter_subjects = many.to_vec(),
+        }
+        let consumer = stream.get_or_create_consumer(name, config).await?;
+        streams.push(consumer.stream().max_messages_per_batch(500).messages().await?);
+    }
+    let mut messages = futures::stream::select_all(streams);
+    eprintln!("consumer: pulling from stream {} with {} durable consumer(s) {}", args.stream, groups.len(), args.durable);
+    if let Some(dsn) = backfill {
+        let written = call_backfill(dsn, &args.layer, args.area.as_deref()).await?;
+        eprintln!("consumer: backfill wrote {written} snapshot events for layer {}", args.layer);
+    }
+
     let (mut first, mut last) = (None::<Instant>, Instant::now());
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -320,6 +420,33 @@ async fn main() -> Result<(), async_nats::Error> {
     eprintln!("consumer: stopped ({stopped_by}) after {} unique events", state.unique_events);
     println!("{}", state.summary(window, stopped_by));
     Ok(())
+}
+
+/// `CALL feature_outbox.backfill(layer, area)` on the database at `dsn`: one snapshot event per live
+/// feature of the layer whose routing point lies in the area. Needs EXECUTE on the procedure.
+async fn call_backfill(dsn: &str, layer: &str, area: Option<&std::path::Path>) -> Result<i64, async_nats::Error> {
+    if layer == "*" {
+        return Err("--backfill-dsn needs --layer: backfill writes the snapshots of one layer".into());
+    }
+    let geojson = match area {
+        Some(path) => {
+            // PostGIS reads a geometry; a Feature(Collection) is reduced to its polygons first.
+            let polygons = area::read_polygons(&std::fs::read_to_string(path)?)?;
+            Some(geojson::Geometry::from(&geo::Geometry::MultiPolygon(polygons)).to_string())
+        }
+        None => None,
+    };
+    let (db, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    let driver = tokio::spawn(connection);
+    let row = db
+        .query_one(
+            "CALL feature_outbox.backfill($1, ST_SetSRID(ST_GeomFromGeoJSON($2::text), 4326), NULL)",
+            &[&layer, &geojson],
+        )
+        .await?;
+    drop(db);
+    let _ = driver.await;
+    Ok(row.get::<_, i64>(0))
 }
 
 /// Reads a geometry_ref's object: the GeoJSON geometry text (needs read access to the bucket).

@@ -1,0 +1,162 @@
+-- Backfill: one snapshot event per live feature of a layer (in an area), for a consumer that starts
+-- empty. A procedure, so that it commits in chunks: each chunk holds its features' row locks for
+-- milliseconds, never the whole layer for the whole run.
+--
+-- Consistency: each chunk locks its feature rows FOR SHARE, in the order edits lock them, while it
+-- writes their snapshot rows. An edit racing with it therefore commits either before the chunk (the
+-- snapshot carries its version) or after it (its outbox row is written after the snapshot's, and the
+-- relay's per-feature order delivers it after the snapshot).
+
+-- The per-feature state of a feature that has none, from its stored geometry (EPSG:4326), as its
+-- next edit would fill it. A shape the edit path cannot route (NULL, empty, refused) gets none, and
+-- so no snapshot.
+CREATE FUNCTION __backfill_state(p_layer text, p_feature_id bigint, shape geometry, v_res integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF shape IS NULL OR ST_IsEmpty(shape) THEN
+        RETURN;
+    END IF;
+    INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+    SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
+           (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+      FROM _routing_point(shape) q
+    ON CONFLICT (layer, feature_id) DO NOTHING;
+EXCEPTION WHEN data_exception THEN
+    NULL;
+END
+$$;
+
+-- The body of one chunk, run as the extension's owner by the C entry _backfill_chunk (which records
+-- the calling role, as edit_feature(layer, ...) does). p_after: the last feature id of the chunk
+-- before (-2^63 at first). Returns {last feature id looked at (NULL: none left), snapshots written}.
+CREATE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after bigint, p_limit integer) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    lay layer_registry;
+    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
+    area geometry;
+    candidates bigint[];   -- this chunk's live features, in id order
+    versions integer[];    -- a user layer's: their versions, read under the row lock
+    missing bigint[];      -- of those, the ones without per-feature state yet
+    locked bigint[];       -- the ones whose routing point lies in the area, state locked
+    r text[];
+    n bigint;
+BEGIN
+    IF NOT has_function_privilege(caller, 'feature_outbox.backfill(text, geometry, bigint)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for procedure backfill' USING ERRCODE = '42501',
+            HINT = 'Snapshots reach every subscriber: GRANT EXECUTE ON PROCEDURE feature_outbox.backfill TO the role, as its owner.';
+    END IF;
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    IF p_area IS NOT NULL THEN
+        IF ST_SRID(p_area) = 0 THEN
+            RAISE EXCEPTION 'area has no SRID' USING ERRCODE = '22023',
+                HINT = 'Give it one, e.g. ST_SetSRID(area, 4326) for longitude/latitude degrees.';
+        END IF;
+        area := ST_Transform(p_area, 4326);
+    END IF;
+    -- As edits do: unregister_layer waits for this chunk, and this chunk for it.
+    PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
+
+    IF p_layer = 'features' THEN
+        SELECT array_agg(c.id ORDER BY c.id) INTO candidates
+          FROM (SELECT f.id FROM features f WHERE f.id > p_after AND f.retired_at IS NULL ORDER BY f.id LIMIT p_limit) c;
+    ELSE
+        -- A user layer's rows are read and locked as the caller, with its rights, before the state:
+        -- the order its edits lock them in (the row, then the state), so the two never deadlock.
+        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::integer ORDER BY x[1]::bigint)
+          INTO candidates, versions
+          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text FROM %3$s t WHERE t.%1$I > $1[1]%4$s ORDER BY t.%1$I LIMIT $1[2] FOR SHARE OF t',
+                                      lay.id_column, lay.version_column, lay.tbl,
+                                      CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END),
+                               ARRAY[p_after, p_limit]) x;
+    END IF;
+    IF candidates IS NULL THEN
+        RETURN ARRAY[NULL, 0]::bigint[];
+    END IF;
+
+    -- Features without per-feature state (written before 0.2.0, or before the layer was registered):
+    -- their state from the stored geometry, as their next edit would fill it. A stored geometry the
+    -- edit path cannot route (NULL, empty) gets no state and no snapshot.
+    missing := ARRAY(SELECT c FROM unnest(candidates) c
+                      WHERE NOT EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = c));
+    IF cardinality(missing) > 0 THEN
+        FOR r IN
+            SELECT ARRAY[f.id::text, ST_AsHEXEWKB(f.geom)] FROM features f WHERE p_layer = 'features' AND f.id = ANY(missing)
+        LOOP
+            PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+        END LOOP;
+        IF p_layer <> 'features' THEN
+            FOR r IN
+                SELECT x FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
+                                                     lay.id_column, lay.geometry_column, lay.tbl), missing) x
+            LOOP
+                PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+            END LOOP;
+        END IF;
+    END IF;
+
+    -- The state of those in the area, locked. For the built-in table the state goes first and the
+    -- feature row after it, the order edit_feature locks them in.
+    locked := ARRAY(SELECT l.feature_id FROM (
+                  SELECT s.feature_id FROM feature_state s
+                   WHERE s.layer = p_layer AND s.feature_id = ANY(candidates)
+                     AND (area IS NULL OR ST_Intersects(area, ST_SetSRID(ST_MakePoint(s.routing_point[1], s.routing_point[2]), 4326)))
+                   ORDER BY s.feature_id
+                     FOR SHARE OF s) l);
+    IF p_layer = 'features' THEN
+        SELECT array_agg(v.id ORDER BY v.id), array_agg(v.version ORDER BY v.id) INTO locked, versions
+          FROM (SELECT f.id, f.version FROM features f WHERE f.id = ANY(locked) AND f.retired_at IS NULL
+                 ORDER BY f.id FOR SHARE OF f) v;
+        candidates := locked;
+    END IF;
+
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
+    SELECT s.feature_id, u.version, 'snapshot', s.routing_key, p_layer
+      FROM unnest(candidates, versions) u(id, version)
+      JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+     WHERE u.id = ANY(locked)
+     ORDER BY u.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM _wake_relay_at_commit();
+    END IF;
+    RETURN ARRAY[(SELECT max(c) FROM unnest(candidates) c), n];
+END
+$$;
+
+CREATE FUNCTION _backfill_chunk(layer text, area geometry, after bigint, chunk integer) RETURNS bigint[]
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+COMMENT ON FUNCTION _backfill_chunk(text, geometry, bigint, integer) IS
+    'One chunk of backfill(); callable only by roles that may execute backfill.';
+
+-- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
+-- schema-qualified or a built-in.
+CREATE PROCEDURE backfill(layer text, area geometry DEFAULT NULL, INOUT written bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    after bigint := -9223372036854775808;
+    r bigint[];
+BEGIN
+    written := 0;
+    LOOP
+        r := feature_outbox._backfill_chunk(layer, area, after, 500);
+        EXIT WHEN r[1] IS NULL;
+        written := written + r[2];
+        after := r[1];
+        COMMIT;
+    END LOOP;
+END
+$$;
+COMMENT ON PROCEDURE backfill(text, geometry, bigint) IS
+    'Writes one snapshot event per live feature of a layer whose routing point lies in area (any SRID; NULL: all), '
+    'committing every 500 features, and returns their count in written. CALL it outside a transaction block. '
+    'EXECUTE is not granted to PUBLIC: snapshots reach every subscriber of the area.';
