@@ -4,7 +4,9 @@
 # throwaway PostgreSQL 15 cluster; some are moved, renamed and retired; the relay worker inside PostgreSQL publishes each
 # outbox row to a throwaway NATS JetStream server; the reference consumer (examples/consumer) reads
 # them back with deduplication and per-feature ordering. Ends with a report, and fails unless the
-# consumer received exactly one event per edit and the outbox backlog is empty.
+# consumer received exactly one event per edit and the outbox backlog is empty. Then an area
+# subscriber for Kansas (by subject filter alone) starts empty, backfills its area, and follows a
+# county moving out, one moving inside and one retiring, next to the whole-country consumer.
 #
 # Environment:
 #   DEMO_LIMIT=N          at most N counties (CI: 300); edit counts scale with it
@@ -62,11 +64,12 @@ print(*(x.getsockname()[1] for x in s))')
 PG_PORT=${DEMO_PG_PORT:-$free1}; NATS_PORT=${DEMO_NATS_PORT:-$free2}
 NATS_URL=nats://127.0.0.1:$NATS_PORT
 
-NATS_PID=""; CONSUMER_PID=""; CLUSTER_STARTED=""
+NATS_PID=""; CONSUMER_PID=""; AREA_PID=""; CLUSTER_STARTED=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   [ -n "$CONSUMER_PID" ] && kill "$CONSUMER_PID" 2>/dev/null || true
+  [ -n "$AREA_PID" ] && kill "$AREA_PID" 2>/dev/null || true
   [ -n "$CLUSTER_STARTED" ] && scripts/cluster.sh stop "$DEMO_DIR/pg" || true
   if [ -n "$NATS_PID" ]; then kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; fi
   [ "$rc" -eq 0 ] || echo "logs: $DEMO_DIR/pg/server.log, $DEMO_DIR/nats-server.log" >&2
@@ -174,7 +177,45 @@ CONSUMER_PID=""
 [ "$consumer_rc" -eq 0 ] || fail "the consumer exited with status $consumer_rc"
 
 # ---------------------------------------------------------------------------------------------------
-step "7. Report"
+step "7. An area subscriber for Kansas, next to the whole-country one"
+# The area: Kansas's counties (of those loaded), as one GeoJSON MultiPolygon in degrees.
+AREA_STATE=20
+psql -Atc "SELECT ST_AsGeoJSON(ST_Multi(ST_Union(ST_Transform(geom, 4326))))
+             FROM public.counties WHERE state_fips = '$AREA_STATE' AND retired_at IS NULL" >"$RUN/kansas.geojson"
+# Three edits for it: one county moved out of the state (onto the shape of the county farthest
+# away), one moved a little inside it, one retired.
+read -r OUT_FIPS FAR_FIPS IN_FIPS GONE_FIPS < <(psql -AtF' ' -c "
+  WITH k AS (SELECT fips, geom FROM public.counties WHERE state_fips = '$AREA_STATE' AND retired_at IS NULL ORDER BY fips)
+  SELECT (SELECT fips FROM k LIMIT 1),
+         (SELECT c.fips FROM public.counties c WHERE c.state_fips <> '$AREA_STATE' AND c.retired_at IS NULL
+           ORDER BY ST_Distance(c.geom, (SELECT geom FROM k LIMIT 1)) DESC LIMIT 1),
+         (SELECT fips FROM k OFFSET 1 LIMIT 1), (SELECT fips FROM k OFFSET 2 LIMIT 1)")
+# Both consumers run at once. The whole-country one resumes its durable consumer; the area one is
+# new, so it subscribes from now on and asks for a backfill of its area (EXECUTE on backfill: the
+# demo connects as the superuser).
+"$CONSUMER" --server "$NATS_URL" --stream "$STREAM" --durable demo-consumer --idle-timeout 10 >"$RUN/consumer2.json" &
+CONSUMER_PID=$!
+"$CONSUMER" --server "$NATS_URL" --stream "$STREAM" --durable demo-kansas --area "$RUN/kansas.geojson" --layer counties \
+  --backfill-dsn "host=127.0.0.1 port=$PG_PORT user=postgres dbname=demo" --idle-timeout 10 >"$RUN/area.json" &
+AREA_PID=$!
+# The snapshots go out first; then the edits, each after its feature's snapshot.
+until [ "$(psql -Atc "SELECT count(*) FROM feature_outbox.outbox WHERE event_type = 'snapshot'")" -gt 0 ]; do
+  kill -0 "$AREA_PID" 2>/dev/null || fail "the area consumer exited before its backfill"
+  sleep 0.2
+done
+psql -q <<SQL
+SELECT feature_outbox.edit_feature('counties', $OUT_FIPS, (SELECT ST_Transform(geom, 4326) FROM public.counties WHERE fips = $FAR_FIPS), 'moved');
+SELECT feature_outbox.edit_feature('counties', $IN_FIPS, (SELECT ST_Translate(ST_Transform(geom, 4326), 0.02, 0.01) FROM public.counties WHERE fips = $IN_FIPS), 'moved');
+SELECT feature_outbox.edit_feature('counties', $GONE_FIPS, NULL::text, 'retired');
+SQL
+SNAPSHOTS=$(psql -Atc "SELECT count(*) FROM feature_outbox.outbox WHERE event_type = 'snapshot'")
+echo "backfill: $SNAPSHOTS snapshot events; then county $OUT_FIPS moved out of the state, $IN_FIPS moved inside it, $GONE_FIPS retired"
+set +e; wait "$AREA_PID"; area_rc=$?; wait "$CONSUMER_PID"; consumer_rc=$?; set -e
+CONSUMER_PID=""; AREA_PID=""
+[ "$area_rc" -eq 0 ] && [ "$consumer_rc" -eq 0 ] || fail "a consumer exited with status $area_rc / $consumer_rc"
+
+# ---------------------------------------------------------------------------------------------------
+step "8. Report"
 psql -xc "SELECT * FROM feature_outbox.backlog" >"$RUN/backlog_after.txt"
 BACKLOG_AFTER=$(psql -Atc "SELECT unpublished_rows FROM feature_outbox.backlog")
 psql -Atc "SELECT json_build_object(
@@ -182,9 +223,12 @@ psql -Atc "SELECT json_build_object(
              'seconds', extract(epoch FROM max(published_at) - min(published_at)))
            FROM feature_outbox.outbox" >"$RUN/relay.json"
 
-"$PY" - "$RUN" "$LOAD_SECONDS" "$(since "$T0")" "$BACKLOG_AFTER" "$PEAK" <<'EOF'
+"$PY" - "$RUN" "$LOAD_SECONDS" "$(since "$T0")" "$BACKLOG_AFTER" "$PEAK" "$SNAPSHOTS" <<'EOF'
 import json, sys
 run, load_s, total_s, backlog, peak = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+snapshots = int(sys.argv[6])
+whole = json.load(open(f"{run}/consumer2.json"))  # the whole-country consumer, resumed for step 7
+area = json.load(open(f"{run}/area.json"))        # the Kansas consumer
 load = json.load(open(f"{run}/load.json"))
 got = json.load(open(f"{run}/consumer.json"))   # the consumer's one-line summary
 relay = json.load(open(f"{run}/relay.json"))    # from the outbox: created_at and published_at
@@ -192,6 +236,7 @@ relay_rate = relay["rows"] / relay["seconds"] if relay["seconds"] else 0
 
 print(f"""edits made             {load['edits']:>7}   ({load['created']} created, {load['moved']} moved, {load['updated']} updated, {load['retired']} retired)
 unique events received {got['unique_events']:>7}   {json.dumps(got['by_action'], sort_keys=True)}
+departure notices      {got['departures']:>7}   (moves out of a cell, published again on the cell left)
 duplicates seen        {got['duplicates']:>7}   (messages redelivered by JetStream: {got['redelivered']})
 stale events dropped   {got['stale_dropped']:>7}   (geometry_version older than one already applied)
 later geometry seen    {got['later_geometry_seen']:>7}   (event_version < geometry_version; counties edited twice in one transaction: {load['moved_twice_features']})
@@ -207,14 +252,38 @@ print("backlog after consuming:\n" + open(f"{run}/backlog_after.txt").read())
 if got["sample_event"]:
     print("one event, as the consumer received it (geometry on one line):")
     event = dict(got["sample_event"])
-    geometry, event["geometry"] = event["geometry"], "@geometry@"
-    print(json.dumps(event, indent=2).replace('"@geometry@"', json.dumps(geometry)))
+    inline = {k: event[k] for k in ("geometry", "bbox", "previous_bbox") if k in event}
+    for k in inline:
+        event[k] = f"@{k}@"
+    text = json.dumps(event, indent=2)
+    for k, v in inline.items():
+        text = text.replace(f'"@{k}@"', json.dumps(v))
+    print(text)
 print("\nthe 5 busiest routing cells (H3 resolution 8, unique events):")
 for c in got["busiest_cells"]:
     print(f"  {c['routing_key']}  {c['events']}")
 
+a = area["area"]
+print(f"""
+step 7, side by side           whole country   Kansas (by subject: {a['cells']} res-{a['resolution']} cells)
+  unique events received       {whole['unique_events']:>13}   {area['unique_events']:>7}   {json.dumps(area['by_action'], sort_keys=True)}
+  departure notices            {whole['departures']:>13}   {area['departures']:>7}
+  features entering the area                   {a['entered']:>7}   (the backfill's snapshots)
+  features leaving it                          {a['left']:>7}   (moved out: departed; retired)
+  moves inside it (departed, kept)             {a['departed_within']:>7}
+  live features in the area at the end         {a['live_features']:>7}
+""")
+
 # The report's claims, asserted.
 problems = []
+if whole["unique_events"] != snapshots + 3:
+    problems.append(f"the whole-country consumer got {whole['unique_events']} new events, not {snapshots} snapshots + 3 edits")
+if area["by_action"].get("snapshot") != snapshots or a["entered"] != snapshots:
+    problems.append(f"the Kansas consumer got {area['by_action'].get('snapshot')} snapshots of {snapshots}, {a['entered']} entered")
+if a["left"] != 2 or a["live_features"] != snapshots - 2:
+    problems.append(f"the Kansas consumer saw {a['left']} features leave (expected 2) and keeps {a['live_features']} (expected {snapshots - 2})")
+if whole["header_mismatches"] or area["header_mismatches"]:
+    problems.append("step 7: events disagree with their envelope")
 if got["unique_events"] != load["edits"]:
     problems.append(f"unique events received {got['unique_events']} != edits made {load['edits']}")
 if peak != load["edits"]:
