@@ -4,8 +4,11 @@
 #   1. bench/results.py: relay (1 and 2 workers, the guide's external relay, both floors), HTTP,
 #      commit-to-subscriber latency, the write path (with bench/edit_bench.py), claim cost against
 #      history, worker memory (BENCH_REPEATS, BENCH_BACKLOG, BENCH_LATENCY_SECONDS);
-#   2. bench/pressure_bench.py: relay and backlog with and without a long transaction.
+#   2. bench/pressure_bench.py: relay and backlog with and without a long transaction;
+#   3. bench/backfill_bench.py: backfill() of 100,000 features beside two editors, appended to
+#      bench/RESULTS.md as its section 7.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/python bench/results.py
 .venv/bin/python bench/pressure_bench.py
+{ printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; .venv/bin/python bench/backfill_bench.py; } | tee -a bench/RESULTS.md

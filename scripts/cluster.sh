@@ -38,7 +38,20 @@ case "$cmd" in
     as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
   stop)
-    if [ -f "$dir/data/postmaster.pid" ]; then as_postgres "$BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null; fi
+    if [ -f "$dir/data/postmaster.pid" ]; then
+      if ! as_postgres "$BIN/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null; then
+        # A server that does not stop: say which of its processes remain and where they wait, then
+        # stop it anyway, and fail.
+        pm=$(head -1 "$dir/data/postmaster.pid")
+        echo "cluster.sh: $dir did not stop in 60 s; its remaining processes:" >&2
+        for pid in $(pgrep -P "$pm"); do
+          echo "--- $pid $(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null) wchan=$(cat /proc/$pid/wchan 2>/dev/null)" >&2
+          command -v gdb >/dev/null && timeout 20 gdb -p "$pid" -batch -ex "thread apply all bt" 2>/dev/null | grep -E '^#|^Thread' | head -40 >&2
+        done
+        as_postgres "$BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null || true
+        exit 1
+      fi
+    fi
     ;;
   *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac
