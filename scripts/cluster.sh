@@ -46,7 +46,9 @@ case "$cmd" in
         echo "cluster.sh: $dir did not stop in 60 s; its remaining processes:" >&2
         for pid in $(pgrep -P "$pm"); do
           echo "--- $pid $(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null) wchan=$(cat /proc/$pid/wchan 2>/dev/null)" >&2
-          command -v gdb >/dev/null && timeout 20 gdb -p "$pid" -batch -ex "thread apply all bt" 2>/dev/null | grep -E '^#|^Thread' | head -40 >&2
+          if command -v gdb >/dev/null; then
+            timeout 20 gdb -p "$pid" -batch -ex "thread 1" -ex "bt 40" 2>/dev/null | grep -E '^#' >&2 || true
+          fi
         done
         as_postgres "$BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null || true
         exit 1

@@ -142,6 +142,13 @@ pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) 
     f(&mut RELAY.exclusive().slots[index]);
 }
 
+/// True once SIGTERM arrived. pgrx's `sigterm_received()` clears its flag when read, so a SIGTERM
+/// seen by one check (say, mid-drain) would be gone for the next, and the worker would run on
+/// through a fast shutdown. The handler also sets PostgreSQL's ShutdownRequestPending, which stays.
+fn stopping() -> bool {
+    BackgroundWorker::sigterm_received() || unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) } != 0
+}
+
 /// Re-reads the configuration after a SIGHUP (the signal handler only sets a flag). True if it did.
 fn reload_if_asked() -> bool {
     let asked = BackgroundWorker::sighup_received();
@@ -164,7 +171,7 @@ fn sleep_for(d: Duration, stop: impl Fn() -> bool) -> bool {
         if left.is_zero() {
             return true;
         }
-        if !BackgroundWorker::wait_latch(Some(left)) {
+        if !BackgroundWorker::wait_latch(Some(left)) || stopping() {
             return false;
         }
         if reload_if_asked() && stop() {
@@ -214,7 +221,7 @@ impl Relay {
 
     fn run(&mut self) {
         loop {
-            if BackgroundWorker::sigterm_received() {
+            if stopping() {
                 return;
             }
             reload_if_asked();
@@ -231,7 +238,7 @@ impl Relay {
                 }
             };
             // Idle: sleep on the latch; a committing edit_feature sets it (relay_state::wake_all).
-            if !BackgroundWorker::wait_latch(Some(wait)) {
+            if !BackgroundWorker::wait_latch(Some(wait)) || stopping() {
                 return;
             }
         }
@@ -254,7 +261,7 @@ impl Relay {
         }
         loop {
             // A long backlog must not delay shutdown or a settings reload.
-            if BackgroundWorker::sigterm_received() {
+            if stopping() {
                 return Drain::Idle(Duration::ZERO);
             }
             reload_if_asked();
@@ -360,6 +367,8 @@ impl Relay {
             endpoint: settings::string(&settings::ENDPOINT),
             publish_timeout: settings::millis(&settings::PUBLISH_TIMEOUT_MS),
             tls_ca_file: optional(settings::string(&settings::TLS_CA_FILE)),
+            nats_credentials_file: optional(settings::string(&settings::NATS_CREDENTIALS_FILE)),
+            nats_nkey_file: optional(settings::string(&settings::NATS_NKEY_FILE)),
             http_secret: optional(settings::string(&settings::HTTP_SECRET)),
             subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
             legacy_subjects: settings::SUBJECT_FORMAT.get() == settings::SubjectFormat::Legacy,
