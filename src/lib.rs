@@ -26,6 +26,8 @@ mod subxact;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
+#[cfg(test)]
+mod hostile_tests;
 
 pgrx::pg_module_magic!();
 

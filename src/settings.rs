@@ -53,6 +53,8 @@ pub static NATS_DUPLICATE_WINDOW_S: GucSetting<i32> = GucSetting::<i32>::new(600
 pub static NATS_REPLICAS: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static NATS_MAX_AGE_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 3600);
 pub static NATS_OBJECT_BUCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"FEATURES_GEOMETRY"));
+pub static NATS_CREDENTIALS_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static NATS_NKEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static SUBJECT_RESOLUTIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"3,5,7"));
 pub static HTTP_MAX_BODY_KB: GucSetting<i32> = GucSetting::<i32>::new(10 * 1024);
 
@@ -148,7 +150,41 @@ pub fn init() {
         );
     }
     string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
-    string(c"feature_outbox.nats_subject_prefix", c"First subject token: <prefix>.<layer>.<event_type>.<routing_key>.", &NATS_SUBJECT_PREFIX);
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.nats_subject_prefix",
+            c"First subject tokens: <prefix>.<layer>.<event_type>.<parent cells>.<routing_key>.",
+            c"One or more dot-separated tokens without whitespace, control characters, * or >.",
+            &NATS_SUBJECT_PREFIX,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_prefix),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.nats_credentials_file",
+            c"A NATS .creds file (user JWT and NKey seed), as NGS, Synadia Cloud and operator mode hand them out.",
+            c"Read by the relay workers; only the postgres OS user needs to read the file. SQL never shows its content.",
+            &NATS_CREDENTIALS_FILE,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.nats_nkey_file",
+            c"A file holding a NATS user NKey seed (SU...), for servers that authenticate by nkey.",
+            c"Read by the relay workers; SQL never shows its content.",
+            &NATS_NKEY_FILE,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            None,
+        );
+    }
     GucRegistry::define_enum_guc(
         c"feature_outbox.subject_format",
         c"NATS subject layout: 0.2 is <prefix>.<layer>.<event_type>.<routing_key>; 0.1 keeps <prefix>.<event_type>.<routing_key> for the built-in layer.",
@@ -231,6 +267,28 @@ unsafe extern "C-unwind" fn check_resolutions(newval: *mut *mut std::ffi::c_char
     false
 }
 
+/// A subject prefix: one or more dot-separated tokens, none empty, without whitespace, control
+/// characters or the wildcards `*` and `>` (NATS docs, "Subject-Based Messaging").
+pub fn valid_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.split('.').all(|t| !t.is_empty() && !t.chars().any(|c| c.is_whitespace() || c.is_control() || c == '*' || c == '>'))
+}
+
+/// Refuses a prefix that would make every subject invalid, when it is set (22023).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_prefix(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("\n") } };
+    if valid_prefix(value) {
+        return true;
+    }
+    unsafe {
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
+            c"A subject prefix is one or more dot-separated tokens without whitespace, control characters, * or >.".as_ptr(),
+        );
+    }
+    false
+}
+
 /// A JetStream bucket name, as NATS requires: one or more of A-Z, a-z, 0-9, - and _.
 pub fn valid_bucket(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -309,6 +367,14 @@ mod tests {
         assert!(super::valid_bucket("FEATURES_GEOMETRY") && super::valid_bucket("geo-2"));
         for bad in ["", "a.b", "x y", "$O", "a>"] {
             assert!(!super::valid_bucket(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn subject_prefixes_are_tokens() {
+        assert!(super::valid_prefix("features") && super::valid_prefix("acme.features"));
+        for bad in ["", "a..b", ".a", "a.", "a b", "a\r\nb", "a.*", "a.>", "x>y", "\t"] {
+            assert!(!super::valid_prefix(bad), "{bad:?}");
         }
     }
 

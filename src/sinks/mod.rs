@@ -14,6 +14,10 @@ pub struct SinkConfig {
     pub endpoint: String,
     pub publish_timeout: Duration,
     pub tls_ca_file: Option<String>,
+    /// feature_outbox.nats_credentials_file: a .creds file (user JWT + NKey seed).
+    pub nats_credentials_file: Option<String>,
+    /// feature_outbox.nats_nkey_file: a file holding a user NKey seed.
+    pub nats_nkey_file: Option<String>,
     pub http_secret: Option<String>,
     pub subject_prefix: String,
     /// feature_outbox.subject_format = '0.1': the built-in layer keeps its 0.1.0 subjects.

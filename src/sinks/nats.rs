@@ -54,7 +54,20 @@ impl NatsSink {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the NATS runtime: {e}"))?;
-        let mut options = ConnectOptions::new()
+        // Credentials the way production deployments hand them out: a .creds file (JWT and seed),
+        // or an NKey seed. A file that cannot be read is a sink-level error naming the setting and
+        // the path, never the content.
+        let base = match (&config.nats_credentials_file, &config.nats_nkey_file) {
+            (Some(path), _) => runtime
+                .block_on(ConnectOptions::with_credentials_file(path))
+                .map_err(|e| format!("cannot use feature_outbox.nats_credentials_file {path}: {}", e.kind()))?,
+            (None, Some(path)) => {
+                let seed = std::fs::read_to_string(path).map_err(|e| format!("cannot read feature_outbox.nats_nkey_file {path}: {}", e.kind()))?;
+                ConnectOptions::with_nkey(seed.trim().to_string())
+            }
+            (None, None) => ConnectOptions::new(),
+        };
+        let mut options = base
             .name(client_name)
             .connection_timeout(config.publish_timeout)
             .request_timeout(Some(config.publish_timeout));
