@@ -5,7 +5,7 @@ PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGRX_PGDATA ?= /var/tmp/feature_outbox_pgrx
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup build install install-test test unit-test pg-test demo bench clean
+.PHONY: setup build install install-test test unit-test pg-test demo bench faults clean
 
 setup:
 	bash scripts/setup.sh
@@ -45,6 +45,12 @@ bench: setup
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
 	bash bench/run.sh
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
+
+## faults: every fault drill in full (JetStream cluster, failover, outages, hostile receivers),
+## against Debian's nats-server and PyPI's current one; writes pg_test/FAULTS.md. make test runs
+## each drill in its short form.
+faults: install-test
+	.venv/bin/python pg_test/faults.py
 
 clean:
 	cargo clean
