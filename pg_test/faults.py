@@ -7,6 +7,7 @@ them full and writes pg_test/FAULTS.md; pg_test/test_faults.py runs each short i
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import email.utils
 import json
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import nats
@@ -28,6 +30,26 @@ from drills import (DB, HEADER, LAYER, CoreSubscriber, Editors, Nats, Row, backl
                     nats_binary, nats_cluster, parked, postmaster_pid, read_stream, set_endpoint, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
+
+
+@contextmanager
+def nats_and_cluster(name: str, version: str, *settings: str):
+    """A nats-server and a cluster relaying to it, both stopped afterwards."""
+    server = Nats(RUN_DIR / "drills" / f"nats_{name}", nats_binary(version))
+    server.start()
+    c = start_cluster(name, *settings, endpoint=server.url)
+    try:
+        yield server, c
+    finally:
+        c.stop()
+        server.stop()
+
+
+def settle(c: Cluster, editors: Editors, recovered: float, seconds: float = 2.0):
+    """The editors go on for `seconds` after recovery, then stop; the outbox drains. (ledger, drain_s)."""
+    time.sleep(seconds)
+    ledger = editors.stop()
+    return ledger, drain(c, recovered)
 
 
 def workers(c: Cluster, *columns: str) -> list[tuple]:
@@ -45,10 +67,7 @@ def running(c: Cluster, n: int) -> bool:
 # ---- 1. a relay worker terminated mid-batch -----------------------------------------------------------------
 
 def worker_kill(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_kill", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("kill", "feature_outbox.relay_workers = 2", endpoint=server.url)
-    try:
+    with nats_and_cluster("kill", nats_version, "feature_outbox.relay_workers = 2") as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         times = 4 if short else 10
         for i in range(times):
@@ -60,40 +79,29 @@ def worker_kill(short: bool, nats_version: str = "debian") -> Row:
                     conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
             else:
                 subprocess.run(["kill", "-9", str(pid)], check=False)  # the postmaster resets every backend
-        recovered = time.monotonic()
+        recovered = time.time()
         wait_for(lambda: running(c, 2), 30, "the workers to come back")
-        time.sleep(1)
-        ledger = editors.stop()
-        drain_s = drain(c, recovered)
-        return tally(f"1. worker killed x{times} (pg_terminate_backend, kill -9)", ledger, read_stream([server.url]), drain_s,
-                     note=f"nats-server {server.version()}")
-    finally:
-        c.stop()
-        server.stop()
+        ledger, drain_s = settle(c, editors, recovered, 1)
+        return tally(f"1. worker killed x{times} (pg_terminate_backend, kill -9)", ledger, read_stream([server.url]), drain_s)
 
 
 # ---- 2. a postmaster crash mid-batch ------------------------------------------------------------------------
 
 def postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_crash", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("crash", "fsync = on", "synchronous_commit = on", endpoint=server.url)
-    try:
+    with nats_and_cluster("crash", nats_version, "fsync = on", "synchronous_commit = on") as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2 if short else 5)
-        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN / "pg_ctl", "-D", c.dir / "data", "-m", "immediate", "stop"],
-                       check=True, stdout=subprocess.DEVNULL)
+        pg_ctl(c, "-m", "immediate", "stop")
         time.sleep(1)
-        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN / "pg_ctl", "-D", c.dir / "data", "-l", c.dir / "server.log",
-                        "-w", "start"], check=True, stdout=subprocess.DEVNULL)
-        recovered = time.monotonic()
-        time.sleep(2 if short else 5)
-        ledger = editors.stop()
-        drain_s = drain(c, recovered)
+        pg_ctl(c, "-l", c.dir / "server.log", "-w", "start")
+        recovered = time.time()
+        ledger, drain_s = settle(c, editors, recovered, 2 if short else 5)
         return tally("2. postmaster crash (-m immediate), fsync on", ledger, read_stream([server.url]), drain_s)
-    finally:
-        c.stop()
-        server.stop()
+
+
+def pg_ctl(c: Cluster, *args) -> None:
+    as_pg = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_pg, PG_BIN / "pg_ctl", "-D", c.dir / "data", *args], check=True, stdout=subprocess.DEVNULL)
 
 
 # ---- 3. a 3-node JetStream cluster loses its leader, then its quorum ------------------------------------------
@@ -132,7 +140,7 @@ def jetstream_cluster(short: bool, nats_version: str = "debian") -> Row:
         note.append(f"no quorum: workers {'backing off with last_error' if backing_off else 'NOT backing off'}, {parked_during} parked")
         by_name[leader].start()
         second.start()
-        recovered = time.monotonic()
+        recovered = time.time()
         time.sleep(2 if short else 5)
         ledger = editors.stop()
         drain_s = drain(c, recovered, timeout=180)
@@ -175,7 +183,7 @@ def failover(short: bool, synchronous: bool, nats_version: str = "debian") -> Ro
         editors.set_dsn(standby.dsn(DB))
         subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN / "pg_ctl", "-D", standby.dir / "data", "-w", "promote"],
                        check=True, stdout=subprocess.DEVNULL)
-        recovered = time.monotonic()
+        recovered = time.time()
         wait_for(lambda: running(standby, 2), 30, "the new primary's workers to start at promotion")
         time.sleep(2 if short else 5)
         ledger = editors.stop()
@@ -229,27 +237,19 @@ def sync_state(c: Cluster):
 # ---- 5. NATS stopped, then started -------------------------------------------------------------------------------
 
 def nats_outage(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_outage", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("outage", endpoint=server.url)
-    try:
+    with nats_and_cluster("outage", nats_version) as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2)
         server.stop()
         time.sleep(8 if short else 30)
         states = [s for (s,) in workers(c, "state")]
         server.start()
-        recovered = time.monotonic()
-        time.sleep(2)
-        ledger = editors.stop()
-        drain_s = drain(c, recovered)
+        recovered = time.time()
+        ledger, drain_s = settle(c, editors, recovered)
         row = tally(f"5. NATS stopped {8 if short else 30} s", ledger, read_stream([server.url]), drain_s,
                     note=f"workers during the outage: {', '.join(states)}; {parked(c)} parked")
         row.checks = {"workers back off during the outage": "backing off" in states, "nothing parked": parked(c) == 0}
         return row
-    finally:
-        c.stop()
-        server.stop()
 
 
 # ---- 6. the stream deleted while relaying ------------------------------------------------------------------------
@@ -261,29 +261,21 @@ async def delete_stream(url: str) -> None:
 
 
 def stream_deleted(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_deleted", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("deleted", endpoint=server.url)
-    try:
+    with nats_and_cluster("deleted", nats_version) as (server, c):
         wait_for(lambda: safe(lambda: asyncio.run(stream_exists(server.url))), 20, "the relay to create the stream")
         sub = CoreSubscriber(server.url)  # what is published, whatever happens to the stream
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2)
         asyncio.run(delete_stream(server.url))
-        deleted = time.monotonic()
+        deleted = time.time()
         recreated = wait_for(lambda: safe(lambda: asyncio.run(stream_exists(server.url))), 60, "the stream to come back")
-        back_after = time.monotonic() - deleted
-        time.sleep(2)
-        ledger = editors.stop()
-        drain_s = drain(c, deleted)
+        back_after = time.time() - deleted
+        ledger, drain_s = settle(c, editors, deleted)
         time.sleep(0.5)
         row = tally("6. stream deleted while relaying", ledger, sub.stop(), drain_s,
-                    note=f"the worker recreated it {back_after:.1f} s later" if recreated else "not recreated")
+                    note=f"the worker recreated it {back_after:.1f} s later; delivered: a core subscription's messages")
         row.checks = {"the worker recreates the stream": bool(recreated)}
         return row
-    finally:
-        c.stop()
-        server.stop()
 
 
 async def stream_exists(url: str) -> bool:
@@ -357,7 +349,7 @@ def http_receiver(short: bool, nats_version: str = "debian") -> Row:
             receiver.phase = phase
             time.sleep(step)
         receiver.phase = "ok"
-        recovered = time.monotonic()
+        recovered = time.time()
         time.sleep(2)
         ledger = editors.stop()
         drain_s = drain(c, recovered)
@@ -373,10 +365,7 @@ def http_receiver(short: bool, nats_version: str = "debian") -> Row:
 # ---- 8. a long REPEATABLE READ transaction during load ----------------------------------------------------------------
 
 def long_transaction(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_long", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("long", "feature_outbox.relay_workers = 2", endpoint=server.url)
-    try:
+    with nats_and_cluster("long", nats_version, "feature_outbox.relay_workers = 2") as (server, c):
         holder = psycopg.connect(c.dsn(DB))
         holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         holder.execute("SELECT count(*) FROM feature_outbox.outbox")  # takes the snapshot, and keeps it
@@ -395,25 +384,17 @@ def long_transaction(short: bool, nats_version: str = "debian") -> Row:
                     wrong_backlog += view != real
             time.sleep(0.5)
         holder.close()
-        recovered = time.monotonic()
-        ledger = editors.stop()
-        drain_s = drain(c, recovered)
+        ledger, drain_s = settle(c, editors, time.time(), 0)
         row = tally(f"8. REPEATABLE READ transaction open {hold} s", ledger, read_stream([server.url]), drain_s,
-                    note=f"longest relay transaction {worst_relay_xact:.2f} s; backlog view wrong {wrong_backlog} times")
+                    note=f"longest relay transaction seen {worst_relay_xact:.2f} s; backlog view wrong {wrong_backlog} times")
         row.checks = {"relay transactions stay under 5 s": worst_relay_xact < 5, "the backlog view stays right": wrong_backlog == 0}
         return row
-    finally:
-        c.stop()
-        server.stop()
 
 
 # ---- 9. commits out of id order -----------------------------------------------------------------------------------------
 
 def out_of_order(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_ooo", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("ooo", endpoint=server.url)
-    try:
+    with nats_and_cluster("ooo", nats_version) as (server, c):
         editors = Editors(c, n=2, rate=100)
         laggards = []
         for i in range(3 if short else 10):
@@ -431,38 +412,24 @@ def out_of_order(short: bool, nats_version: str = "debian") -> Row:
             conn.commit()
             conn.close()
             editors.ledger.committed[eid] = (LAYER, fid, 1)
-        recovered = time.monotonic()
-        time.sleep(1)
-        ledger = editors.stop()
-        drain_s = drain(c, recovered)
+        ledger, drain_s = settle(c, editors, time.time(), 1)
         row = tally("9. lower ids committed after higher ones were published", ledger, read_stream([server.url]), drain_s,
                     note=f"{len(laggards)} late commits below {published_above} published rows")
         row.checks = {"higher ids were published first": published_above > 0}
         return row
-    finally:
-        c.stop()
-        server.stop()
 
 
 # ---- 10. load ---------------------------------------------------------------------------------------------------------------
 
 def load(short: bool, nats_version: str = "debian") -> Row:
-    server = Nats(RUN_DIR / "drills" / "nats_load", nats_binary(nats_version))
-    server.start()
-    c = start_cluster("load", "feature_outbox.relay_workers = 2", endpoint=server.url)
-    try:
+    with nats_and_cluster("load", nats_version, "feature_outbox.relay_workers = 2") as (server, c):
         per = 1000 if short else 25_000
         started = time.monotonic()
-        editors = Editors(c, n=4, limit=per, rate=None, rollback=0.05, features=5000).start()
-        ledger = editors.wait()
+        ledger = Editors(c, n=4, limit=per, rate=None, rollback=0.05, features=5000).start().wait()
         wrote = time.monotonic() - started
-        recovered = time.monotonic()
-        drain_s = drain(c, recovered, timeout=600)
+        drain_s = drain(c, time.time(), timeout=600)
         return tally(f"10. load: 4 editors x {per:,} edits, 2 workers", ledger, read_stream([server.url]), drain_s,
                      note=f"{len(ledger.committed) / wrote:,.0f} edits/s committed while relaying")
-    finally:
-        c.stop()
-        server.stop()
 
 
 DRILLS = {
@@ -494,7 +461,9 @@ def main() -> None:
         for v in (versions if name in NATS_DRILLS else ["debian"]):
             print(f"drill {name} (nats-server {v}) ...", flush=True)
             row = DRILLS[name](args.short, v)
-            print(HEADER.splitlines()[0] if not rows else "", row.line(), sep="\n" if not rows else "", flush=True)
+            if name in NATS_DRILLS:
+                row.drill += f" (nats-server {Nats(RUN_DIR / 'drills' / 'version', nats_binary(v)).version()})"
+            print(row.line(), row.note, flush=True)
             rows.append(row)
     machine = f"{platform.node()}: {platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores, {platform.platform()}"
     pg = subprocess.run([PG_BIN / "postgres", "--version"], capture_output=True, text=True).stdout.strip()
@@ -504,7 +473,8 @@ def main() -> None:
                 Nats(RUN_DIR / "drills" / "version", nats_binary(v)).version() + f" ({v})" for v in versions), "",
             "lost and invented compare the committed edits (their event_ids, read in each edit's own transaction) with the",
             "distinct events delivered. A commit cut off by the fault may or may not have committed: it counts as neither.", "",
-            HEADER, *[r.line() for r in rows], ""]
+            HEADER, *[r.line() for r in rows], "", "Notes, by row:", "",
+            *[f"- {r.drill}: {r.note}" for r in rows if r.note], ""]
     Path(args.out).write_text("\n".join(text))
     print(f"wrote {args.out}")
     bad = [r for r in rows if ((r.lost or r.invented) and "asynchronous" not in r.drill) or not all(r.checks.values())]

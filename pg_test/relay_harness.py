@@ -13,8 +13,9 @@ from pathlib import Path
 
 import h3
 import nats
+import pytest
 
-from conftest import free_port
+from conftest import RUN_DIR, Cluster, free_port
 
 
 def wait_for(predicate, timeout=20.0, what="condition", interval=0.05):
@@ -84,6 +85,30 @@ class NatsServer:
             await nc.close()
             return out
         return asyncio.run(read())
+
+
+def nats_fixture(name: str):
+    """A module-scoped fixture: a nats-server -js of its own under RUN_DIR/name, for a test module."""
+    @pytest.fixture(scope="module")
+    def fixture():
+        server = NatsServer(RUN_DIR / name)
+        server.start()
+        yield server
+        server.stop()
+    return fixture
+
+
+def relay_cluster(name: str, db: str, *settings: str, setup: tuple[str, ...] = ()) -> Cluster:
+    """A cluster that preloads feature_outbox with `settings`, and database `db` with the extension
+    and the `setup` statements run in it."""
+    c = Cluster(RUN_DIR / name, free_port())
+    c.start(f"feature_outbox.database = '{db}'", *settings)
+    c.create_db(db)
+    with c.connect(db) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        for sql in setup:
+            conn.execute(sql)
+    return c
 
 
 def subject(layer: str, event_type: str, key: str, resolutions=(3, 5, 7), prefix: str = "features") -> str:

@@ -17,7 +17,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from conftest import COUNTIES, RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, subject, wait_for
+from relay_harness import nats_fixture, subject, wait_for
 
 DB = "areas"
 SETTINGS = (
@@ -31,12 +31,7 @@ ALEUTIANS_WEST = 2016
 pytestmark = pytest.mark.skipif(not COUNTIES.exists(), reason=f"{COUNTIES} is missing")
 
 
-@pytest.fixture(scope="module")
-def nats_server():
-    server = NatsServer(RUN_DIR / "nats_areas")
-    server.start()
-    yield server
-    server.stop()
+nats_server = nats_fixture("nats_areas")
 
 
 @pytest.fixture(scope="module")

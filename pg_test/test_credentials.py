@@ -6,13 +6,12 @@ postgres OS user only; SQL shows their paths to superusers and no part of their 
 
 import os
 import shutil
-import subprocess
 
 import psycopg
 import pytest
 
-from conftest import RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, wait_for
+from conftest import RUN_DIR
+from relay_harness import NatsServer, relay_cluster, wait_for
 
 nkeys = pytest.importorskip("nkeys")
 snippets = pytest.importorskip("nats_jwt.v2.snippets")
@@ -57,11 +56,7 @@ def operator_mode(directory):
 
 @pytest.fixture(scope="module")
 def relay():
-    c = Cluster(RUN_DIR / "credentials", free_port())
-    c.start(f"feature_outbox.database = '{DB}'", "feature_outbox.retry_backoff_max = '500ms'")
-    c.create_db(DB)
-    with c.connect(DB) as conn:
-        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+    c = relay_cluster("credentials", DB, "feature_outbox.retry_backoff_max = '500ms'")
     yield c
     c.stop()
 

@@ -17,7 +17,7 @@ CASES = [(name, "debian") for name in faults.DRILLS] + [(name, "current") for na
 @pytest.mark.parametrize("name,version", CASES, ids=[f"{n}-{v}" for n, v in CASES])
 def test_drill(name, version):
     row = faults.DRILLS[name](True, version)
-    print("\n" + row.line())
+    print("\n" + row.line(), row.note)
     assert row.committed > 0 and row.delivered > 0, row
     if name != "failover_async":
         assert (row.lost, row.invented) == (0, 0), row.line()

@@ -11,30 +11,20 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, wait_for
+from relay_harness import nats_fixture, relay_cluster, wait_for
 
 DB = "hostile"
 CORPUS = Path(__file__).parent / "fixtures" / "hostile_corpus.jsonl"
 
 
-@pytest.fixture(scope="module")
-def nats_server():
-    server = NatsServer(RUN_DIR / "nats_hostile")
-    server.start()
-    yield server
-    server.stop()
+nats_server = nats_fixture("nats_hostile")
 
 
 @pytest.fixture(scope="module")
 def relay(nats_server):
-    c = Cluster(RUN_DIR / "hostile", free_port())
-    c.start(f"feature_outbox.database = '{DB}'", f"feature_outbox.endpoint = '{nats_server.url}'")
-    c.create_db(DB)
-    with c.connect(DB) as conn:
-        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-        conn.execute("CREATE TABLE public.notes (id bigint PRIMARY KEY, geom geometry(Geometry, 4326), version integer NOT NULL DEFAULT 0, body text)")
-        conn.execute("SELECT feature_outbox.register_layer('notes', 'public.notes', properties => '{body}')")
+    c = relay_cluster("hostile", DB, f"feature_outbox.endpoint = '{nats_server.url}'", setup=(
+        "CREATE TABLE public.notes (id bigint PRIMARY KEY, geom geometry(Geometry, 4326), version integer NOT NULL DEFAULT 0, body text)",
+        "SELECT feature_outbox.register_layer('notes', 'public.notes', properties => '{body}')"))
     yield c
     c.stop()
 

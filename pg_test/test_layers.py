@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from conftest import COUNTIES, RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, subject, wait_for
+from relay_harness import nats_fixture, subject, wait_for
 
 DB = "layers"
 SETTINGS = (
@@ -34,12 +34,7 @@ BLOCK_B = '{"type":"Polygon","coordinates":[[[-74.01,40.70],[-74.00,40.70],[-74.
 BLOCK_C = 'POLYGON((-73.95 40.78,-73.94 40.78,-73.94 40.79,-73.95 40.79,-73.95 40.78))'
 
 
-@pytest.fixture(scope="module")
-def nats_server():
-    server = NatsServer(RUN_DIR / "nats_layers")
-    server.start()
-    yield server
-    server.stop()
+nats_server = nats_fixture("nats_layers")
 
 
 @pytest.fixture(scope="module")

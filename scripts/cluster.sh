@@ -38,6 +38,10 @@ case "$cmd" in
     as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
   stop)
+    # A postmaster killed outright (a failover drill) leaves its pid file: nothing to stop.
+    if [ -f "$dir/data/postmaster.pid" ] && [ ! -d "/proc/$(head -1 "$dir/data/postmaster.pid")" ]; then
+      $SUDO rm -f "$dir/data/postmaster.pid"
+    fi
     if [ -f "$dir/data/postmaster.pid" ]; then
       if ! as_postgres "$BIN/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null; then
         # A server that does not stop: say which of its processes remain and where they wait, then
