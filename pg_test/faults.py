@@ -127,6 +127,7 @@ def jetstream_cluster(short: bool, nats_version: str = "debian") -> Row:
         time.sleep(1.5)
         leader = asyncio.run(stream_leader(urls))
         by_name = {n.name: n for n in nodes}
+        killed_at = time.time()
         by_name[leader].kill()
         note.append(f"leader {leader} killed")
         time.sleep(3 if short else 8)
@@ -145,8 +146,18 @@ def jetstream_cluster(short: bool, nats_version: str = "debian") -> Row:
         ledger = editors.stop()
         drain_s = drain(c, recovered, timeout=180)
         row = tally("3. JetStream R3: leader killed, then quorum lost", ledger, read_stream(urls), drain_s,
-                    note=", ".join(note) + f"; nats-server {nodes[0].version()}")
+                    note=", ".join(note))
         row.checks = {"workers back off without quorum": backing_off, "nothing parked without quorum": parked_during == 0}
+        if row.lost:
+            # The cluster acknowledged messages it no longer has (seen on 2.9.10, once in nine full
+            # runs). The outbox still holds them: replay from the first kill and count again.
+            with c.connect(DB) as conn:
+                replayed = conn.execute("SELECT feature_outbox.replay_published(to_timestamp(%s))", (killed_at,)).fetchone()[0]
+            drain(c, time.time())
+            again = tally(row.drill, ledger, read_stream(urls), drain_s)
+            row.note += (f"; the stream lost {row.lost:,} acknowledged messages when the nodes came back; "
+                         f"replay_published(since the first kill) requeued {replayed:,}, after which {again.lost:,} were missing")
+            row.checks["a replay restores what the cluster lost"] = again.lost == 0 and again.invented == 0
         return row
     finally:
         c.stop()

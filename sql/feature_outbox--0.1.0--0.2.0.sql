@@ -1338,6 +1338,37 @@ REVOKE ALL ON FUNCTION __backfill_chunk(text, geometry, bigint, integer) FROM PU
 REVOKE ALL ON FUNCTION __backfill_state(text, bigint, geometry, integer) FROM PUBLIC;
 REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
 
+-- Replays for a sink that lost what it had acknowledged ---------------------------------------------
+-- Publishes again the rows published since `since` (of one layer, or all): for a sink that lost
+-- messages it had acknowledged (a JetStream cluster that lost its stream's tail, a restored backup
+-- of a webhook receiver). Same event_ids: consumers deduplicate. Only rows retention has not
+-- deleted yet can be replayed (feature_outbox.retention). Returns how many.
+CREATE FUNCTION replay_published(since timestamptz, layer text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF since IS NULL THEN
+        RAISE EXCEPTION 'since must not be NULL' USING ERRCODE = '22004',
+            HINT = 'Give the time from which the sink lost what it had acknowledged.';
+    END IF;
+    UPDATE outbox o SET published_at = NULL
+     WHERE o.published_at IS NOT NULL AND o.published_at >= since
+       AND (replay_published.layer IS NULL OR o.layer = replay_published.layer);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM _relay_low_water_reset();  -- the rows are below the claim's low-water mark
+        PERFORM _wake_relay_at_commit();
+    END IF;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION replay_published(timestamptz, text) IS
+    'Requeues outbox rows published at or after since (of one layer, or all) to be published again, with the same '
+    'event_ids; for a sink that lost acknowledged messages. Returns how many. EXECUTE is not granted to PUBLIC.';
+REVOKE ALL ON FUNCTION replay_published(timestamptz, text) FROM PUBLIC;
+
 -- As sql/finalize.sql does at CREATE EXTENSION: pin search_path on every SQL and plpgsql function,
 -- including those this script adds. PostGIS's schema is known only at run time. Procedures are
 -- left out: one with a SET clause cannot COMMIT.
