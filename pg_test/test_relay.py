@@ -614,7 +614,7 @@ def test_replay_published_sends_again_what_a_sink_lost(relay, nats_server):
     replay. A purge would not do: JetStream keeps the purged messages' ids for its duplicate window
     and would drop the replay as duplicates."""
     use_nats(relay, nats_server)
-    ids = [7101, 7102, 7103]
+    ids = [880101, 880102, 880103]
     since = relay.connect(DB).execute("SELECT now()").fetchone()[0]
     for i in ids:
         edit(relay, i, "created", point(12 + i / 10000, 45))
