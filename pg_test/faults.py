@@ -149,7 +149,7 @@ def jetstream_cluster(short: bool, nats_version: str = "debian") -> Row:
                     note=", ".join(note))
         row.checks = {"workers back off without quorum": backing_off, "nothing parked without quorum": parked_during == 0}
         if row.lost:
-            # The cluster acknowledged messages it no longer has (seen on 2.9.10, once in nine full
+            # The cluster acknowledged messages it no longer has (seen on 2.9.10, once in ten
             # runs). The outbox still holds them: replay from the first kill and count again.
             with c.connect(DB) as conn:
                 replayed = conn.execute("SELECT feature_outbox.replay_published(to_timestamp(%s))", (killed_at,)).fetchone()[0]
