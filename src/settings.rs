@@ -257,14 +257,21 @@ pub fn subject_resolutions() -> Vec<u8> {
     parse_resolutions(&string(&SUBJECT_RESOLUTIONS)).unwrap_or_default()
 }
 
-/// Refuses a resolution list that is not strictly ascending 0–15 when it is set (22023).
-#[pg_guard]
-unsafe extern "C-unwind" fn check_resolutions(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
-    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("?") } };
-    let Err(detail) = parse_resolutions(value) else { return true };
+/// A string GUC's check hook around `check`: true when the new value passes, else false with
+/// `check`'s explanation as the DETAIL of the 22023 error PostgreSQL raises. A value that is not
+/// UTF-8 is checked as DEL, which none of the checks accept.
+unsafe fn check_string(newval: *mut *mut std::ffi::c_char, check: impl FnOnce(&str) -> Result<(), String>) -> bool {
+    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("\u{7f}") } };
+    let Err(detail) = check(value) else { return true };
     let detail = CString::new(detail).unwrap_or_default();
     unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
     false
+}
+
+/// Refuses a resolution list that is not strictly ascending 0–15 when it is set (22023).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_resolutions(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_string(newval, |v| parse_resolutions(v).map(|_| ())) }
 }
 
 /// A subject prefix: one or more dot-separated tokens, none empty, without whitespace, control
@@ -277,16 +284,13 @@ pub fn valid_prefix(prefix: &str) -> bool {
 /// Refuses a prefix that would make every subject invalid, when it is set (22023).
 #[pg_guard]
 unsafe extern "C-unwind" fn check_prefix(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
-    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("\n") } };
-    if valid_prefix(value) {
-        return true;
-    }
     unsafe {
-        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
-            c"A subject prefix is one or more dot-separated tokens without whitespace, control characters, * or >.".as_ptr(),
-        );
+        check_string(newval, |v| {
+            valid_prefix(v)
+                .then_some(())
+                .ok_or_else(|| "A subject prefix is one or more dot-separated tokens without whitespace, control characters, * or >.".into())
+        })
     }
-    false
 }
 
 /// A JetStream bucket name, as NATS requires: one or more of A-Z, a-z, 0-9, - and _.
@@ -297,15 +301,11 @@ pub fn valid_bucket(name: &str) -> bool {
 /// Refuses a bucket name NATS would refuse, when it is set (22023) rather than at the first large event.
 #[pg_guard]
 unsafe extern "C-unwind" fn check_bucket(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
-    let value = unsafe { if newval.is_null() || (*newval).is_null() { "" } else { CStr::from_ptr(*newval).to_str().unwrap_or("") } };
-    if valid_bucket(value) {
-        return true;
-    }
     unsafe {
-        pg_sys::GUC_check_errdetail_string =
-            pg_sys::pstrdup(c"A bucket name is one or more letters, digits, - or _ (no dots, spaces or $).".as_ptr());
+        check_string(newval, |v| {
+            valid_bucket(v).then_some(()).ok_or_else(|| "A bucket name is one or more letters, digits, - or _ (no dots, spaces or $).".into())
+        })
     }
-    false
 }
 
 /// Masks `http_secret` for everyone but superusers, including pg_read_all_settings members.
