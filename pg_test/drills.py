@@ -33,10 +33,9 @@ from pathlib import Path
 
 import nats
 import psycopg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from conftest import PG_BIN, ROOT, RUN_DIR, Cluster, free_port
-from relay_harness import wait_for
+from conftest import ROOT, RUN_DIR, Cluster, free_port
+from relay_harness import consume, wait_for
 
 DB = "drills"
 LAYER = "drill"
@@ -152,12 +151,6 @@ def start_cluster(name: str, *settings: str, endpoint: str = "") -> Cluster:
         conn.execute(TABLE)
         conn.execute(f"SELECT feature_outbox.register_layer('{LAYER}', 'public.drill')")
     return c
-
-
-def set_endpoint(c: Cluster, endpoint: str) -> None:
-    with c.connect(DB) as conn:
-        conn.execute(f"ALTER SYSTEM SET feature_outbox.endpoint = '{endpoint}'")
-        conn.execute("SELECT pg_reload_conf()")
 
 
 def backlog(c: Cluster) -> int:
@@ -320,24 +313,7 @@ def read_stream(urls: list[str], stream: str = "FEATURES", tries: int = 30) -> l
 
 
 def _read_stream(urls, stream):
-    async def run():
-        nc = await nats.connect(servers=urls, connect_timeout=5, max_reconnect_attempts=5)
-        js = nc.jetstream(timeout=10)
-        out = []
-        sub = await js.pull_subscribe(">", stream=stream, config=ConsumerConfig(
-            deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=60, filter_subject=""))
-        pending = (await sub.consumer_info()).num_pending
-        while pending > 0:
-            batch = await sub.fetch(min(pending, 2000), timeout=10)
-            pending -= len(batch)
-            for m in batch:
-                mid = (m.headers or {}).get("Nats-Msg-Id", "")
-                if not mid.endswith(":departed"):
-                    out.append((mid, json.loads(m.data)))
-        await sub.unsubscribe()
-        await nc.close()
-        return out
-    return asyncio.run(run())
+    return [(m["id"], m["event"]) for m in consume(urls, [">"], stream) if not m["id"].endswith(":departed")]
 
 
 class CoreSubscriber:

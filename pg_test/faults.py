@@ -26,8 +26,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
-from drills import (DB, HEADER, LAYER, CoreSubscriber, Editors, Nats, Row, backlog, drain, kill_tree,  # noqa: E402
-                    nats_binary, nats_cluster, parked, postmaster_pid, read_stream, set_endpoint, start_cluster,
+from drills import (DB, HEADER, LAYER, CoreSubscriber, Editors, Nats, Row, drain, kill_tree,  # noqa: E402
+                    nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
 

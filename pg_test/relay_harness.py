@@ -14,6 +14,7 @@ from pathlib import Path
 import h3
 import nats
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from conftest import RUN_DIR, Cluster, free_port
 
@@ -85,6 +86,41 @@ class NatsServer:
             await nc.close()
             return out
         return asyncio.run(read())
+
+
+def configure(c: Cluster, **settings) -> None:
+    """ALTER SYSTEM SET (None: RESET) each feature_outbox.<name>, then reload; the workers re-read
+    their settings on SIGHUP."""
+    with c.connect() as conn:
+        for name, value in settings.items():
+            if value is None:
+                conn.execute(f"ALTER SYSTEM RESET feature_outbox.{name}")
+            else:
+                conn.execute(f"ALTER SYSTEM SET feature_outbox.{name} = '{value}'")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def consume(urls: list[str], filters: list[str], stream: str = "FEATURES") -> list[dict]:
+    """Every message of the stream matching any of `filters`, through one ephemeral JetStream pull
+    consumer per filter (nats-server 2.9 takes one filter subject per consumer): subject, message id
+    and body, as a subscriber that selects by subject alone receives them."""
+    async def run():
+        nc = await nats.connect(servers=urls, connect_timeout=5, max_reconnect_attempts=5)
+        js = nc.jetstream(timeout=10)
+        out = []
+        for f in filters:
+            sub = await js.pull_subscribe(f, stream=stream, config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=60))
+            pending = (await sub.consumer_info()).num_pending
+            while pending > 0:
+                batch = await sub.fetch(min(pending, 2000), timeout=10)
+                pending -= len(batch)
+                out += [{"subject": m.subject, "id": (m.headers or {}).get("Nats-Msg-Id", ""), "event": json.loads(m.data)}
+                        for m in batch]
+            await sub.unsubscribe()
+        await nc.close()
+        return out
+    return asyncio.run(run())
 
 
 def nats_fixture(name: str):

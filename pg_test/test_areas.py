@@ -3,7 +3,6 @@ backlog by cell and backfills. The 3,231 US counties as a layer, a relay with tw
 to a real nats-server (Debian's 2.9.10: one JetStream consumer per filter subject), and subscribers
 that select their area by subject filter alone, never by reading a body."""
 
-import asyncio
 import json
 import random
 import threading
@@ -11,13 +10,11 @@ import time
 from collections import Counter, defaultdict
 
 import h3
-import nats
 import psycopg
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from conftest import COUNTIES, RUN_DIR, Cluster, free_port
-from relay_harness import nats_fixture, subject, wait_for
+from relay_harness import consume, nats_fixture, subject, wait_for
 
 DB = "areas"
 SETTINGS = (
@@ -67,25 +64,8 @@ def relayed(conn):
 
 
 def read(server, filters: list[str]) -> list[dict]:
-    """Every message of the stream matching any of `filters`, through one ephemeral JetStream
-    consumer per filter (nats-server 2.9 takes one filter subject per consumer): subject, message id
-    and body, as a subscriber that selects by subject alone receives them."""
-    async def run():
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        out = []
-        for f in filters:
-            sub = await js.pull_subscribe(f, stream="FEATURES", config=ConsumerConfig(
-                deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30))
-            pending = (await sub.consumer_info()).num_pending
-            while pending > 0:
-                batch = await sub.fetch(min(pending, 1000), timeout=10)
-                pending -= len(batch)
-                out += [{"subject": m.subject, "id": m.headers["Nats-Msg-Id"], "event": json.loads(m.data)} for m in batch]
-            await sub.unsubscribe()
-        await nc.close()
-        return out
-    return asyncio.run(run())
+    """What a subscriber selecting by `filters` alone receives (relay_harness.consume)."""
+    return consume([server.url], filters)
 
 
 def keys_of_state(conn, state):

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from conftest import RUN_DIR
-from relay_harness import NatsServer, relay_cluster, wait_for
+from relay_harness import NatsServer, configure, relay_cluster, wait_for
 
 nkeys = pytest.importorskip("nkeys")
 snippets = pytest.importorskip("nats_jwt.v2.snippets")
@@ -59,16 +59,6 @@ def relay():
     c = relay_cluster("credentials", DB, "feature_outbox.retry_backoff_max = '500ms'")
     yield c
     c.stop()
-
-
-def configure(c, **settings):
-    with c.connect(DB) as conn:
-        for k, v in settings.items():
-            if v is None:
-                conn.execute(f"ALTER SYSTEM RESET feature_outbox.{k}")
-            else:
-                conn.execute(f"ALTER SYSTEM SET feature_outbox.{k} = '{v}'")
-        conn.execute("SELECT pg_reload_conf()")
 
 
 def relayed_through(c, fid):

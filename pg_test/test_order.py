@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 
 from conftest import RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, Receiver, wait_for
+from relay_harness import NatsServer, Receiver, configure, wait_for
 
 DB = "order"
 FEATURES, VERSIONS = 200, 25
@@ -43,13 +43,6 @@ def relay(receiver):
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
     yield c
     c.stop()
-
-
-def configure(c, **settings):
-    with c.connect() as conn:
-        for name, value in settings.items():
-            conn.execute(f"ALTER SYSTEM SET feature_outbox.{name} = '{value}'")
-        conn.execute("SELECT pg_reload_conf()")
 
 
 def edits(conn, first, versions, step=0.001):

@@ -18,6 +18,7 @@ from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
 from relay_harness import NatsServer, Receiver, get_object, subject, wait_for
+from relay_harness import configure as harness_configure
 
 DB = "relay"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -73,14 +74,8 @@ def worker_states(c):
 
 
 def configure(c, **settings):
-    """ALTER SYSTEM + reload; the workers re-read settings on SIGHUP."""
-    with c.connect() as conn:
-        for name, value in settings.items():
-            if value is None:
-                conn.execute(f"ALTER SYSTEM RESET feature_outbox.{name}")
-            else:
-                conn.execute(f"ALTER SYSTEM SET feature_outbox.{name} = '{value}'")
-        conn.execute("SELECT pg_reload_conf()")
+    """relay_harness.configure, then a pause for the workers to take the reload."""
+    harness_configure(c, **settings)
     time.sleep(0.3)
 
 
