@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The demo's writer: a real client of feature_outbox.
 
-1. Creates the application's own table, public.counties (CONUS Albers, EPSG:5070, with the county
+1. Creates the application's own table, public.counties (Web Mercator, EPSG:3857, with the county
    name and state as attribute columns), and registers it as the layer `counties`.
 2. Creates one feature per US county (feature id = FIPS code) through edit_feature('counties', ...),
    passing the GeoJSON geometry text exactly as the file has it and the name and state as properties,
    in transactions of BATCH edits. The routing key comes from the input in EPSG:4326; the row stores
-   the shape in EPSG:5070.
+   the shape in EPSG:3857, whose area of use covers every county (CONUS Albers,
+   EPSG:5070, would refuse Alaska's and Hawaii's, as a later edit in it would).
 3. Reports the shapes that fail ST_IsValid and what feature_outbox.invalid_geometry did with them.
 4. Edits: moves some counties (ST_Translate or ST_SimplifyPreserveTopology through the geometry
    overload), edits a few twice in one transaction (the guide's gotcha 1: the relay publishes the
@@ -39,7 +40,7 @@ SIMPLIFY = 0.01      # ST_SimplifyPreserveTopology tolerance, degrees
 TABLE = """
     CREATE TABLE public.counties (
         fips       integer PRIMARY KEY,
-        geom       geometry(Geometry, 5070) NOT NULL,  -- CONUS Albers, metres
+        geom       geometry(Geometry, 3857) NOT NULL,  -- Web Mercator, metres
         version    integer NOT NULL DEFAULT 0,
         name       text NOT NULL,
         state_fips char(2) NOT NULL,
@@ -132,7 +133,7 @@ def main() -> int:
 
         conn.execute(TABLE)
         conn.execute(REGISTER)
-        say("layer: public.counties (geometry(Geometry, 5070), name, state_fips) registered as layer 'counties'")
+        say("layer: public.counties (geometry(Geometry, 3857), name, state_fips) registered as layer 'counties'")
 
         # 1. Create every county: one edit_feature call per county, BATCH per transaction.
         say(f"load: {len(counties)} counties from {data} (invalid_geometry = {policy})")

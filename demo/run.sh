@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make demo: the main job on real input. Every US county goes through edit_feature into the
-# application's own table (public.counties, EPSG:5070, with name and state as attributes) in a
+# application's own table (public.counties, EPSG:3857, with name and state as attributes) in a
 # throwaway PostgreSQL 15 cluster; some are moved, renamed and retired; the relay worker inside PostgreSQL publishes each
 # outbox row to a throwaway NATS JetStream server; the reference consumer (examples/consumer) reads
 # them back with deduplication and per-feature ordering. Ends with a report, and fails unless the

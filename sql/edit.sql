@@ -107,6 +107,7 @@ DECLARE
     new_version integer;
     reshaped boolean := false;  -- g is not just p_geom transformed (repaired, or rebuilt as a polar cap)
     store geometry;       -- what a user layer's column gets, in its SRID
+    store_crs text;       -- auth_name:auth_srid of the column's SRID, when the input is in another
     w text[];             -- _layer_write: {new version, row version}
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
     bad text;
@@ -363,6 +364,12 @@ BEGIN
             IF (v_srid = lay.srid AND NOT reshaped) OR lay.srid = 4326 THEN
                 store := CASE WHEN lay.srid = 4326 THEN g ELSE p_geom END;
             ELSE
+                -- One area-of-use rule for every write: the column's CRS gets the test an input in
+                -- that CRS gets, so nothing is stored that a later edit in the column's SRID refuses.
+                IF v_srid <> lay.srid THEN
+                    SELECT s.auth_name || ':' || s.auth_srid INTO store_crs FROM spatial_ref_sys s WHERE s.srid = lay.srid;
+                    PERFORM _check_storage_area(ST_AsBinary(g), store_crs, p_layer);
+                END IF;
                 BEGIN
                     store := ST_Transform(g, lay.srid);
                     back := ST_Transform(store, 4326);
@@ -381,6 +388,12 @@ BEGIN
                         HINT = format('Column %I of %s is declared in SRID %s; this shape lies where that projection does not reach.',
                                       lay.geometry_column, lay.tbl, lay.srid);
                 END IF;
+            END IF;
+            -- A single geometry into a column of its Multi form is promoted losslessly, as ST_Multi
+            -- and ogr2ogr's PROMOTE_TO_MULTI do; the event carries it as stored.
+            IF lay.geometry_type IN ('MultiPoint', 'MultiLineString', 'MultiPolygon')
+               AND GeometryType(store) = upper(substr(lay.geometry_type, 6)) THEN
+                store := ST_Multi(store);
             END IF;
             IF lay.geometry_type <> 'Geometry' AND GeometryType(store) <> upper(lay.geometry_type) THEN
                 RAISE EXCEPTION 'layer % stores %, not %', p_layer, lay.geometry_type, substr(ST_GeometryType(store), 4)

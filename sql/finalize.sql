@@ -21,6 +21,12 @@ REVOKE ALL ON FUNCTION __backfill_state(text, bigint, geometry, integer) FROM PU
 -- Snapshots reach every subscriber: backfill is the operator's (GRANT EXECUTE to a role that may).
 -- _backfill_chunk stays callable, since backfill runs as its caller; it checks EXECUTE on backfill.
 REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
+-- Registering a layer is the table owner's decision, and metrics() reads the relay's health: grant
+-- them to the roles that need them. routing_key() stays public: it computes, it reads nothing.
+REVOKE ALL ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION unregister_layer(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION metrics() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION metrics() TO pg_monitor;
 REVOKE ALL ON TABLE features, outbox, feature_state, layer_registry FROM PUBLIC;
 -- Anyone may list the layers; register_layer checks that the caller owns the table.
 GRANT SELECT ON layers TO PUBLIC;

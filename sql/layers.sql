@@ -23,6 +23,29 @@ BEGIN
 END
 $$;
 
+-- A layer's registered columns, each with its role: id, geometry, version, retired (when set), then
+-- the properties in their order. The DDL guard and column_types follow this order.
+CREATE FUNCTION _layer_columns(r layer_registry) RETURNS TABLE (col name, role text, ord bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT r.id_column, 'id', 1::bigint
+    UNION ALL SELECT r.geometry_column, 'geometry', 2
+    UNION ALL SELECT r.version_column, 'version', 3
+    UNION ALL SELECT r.retired_column, 'retired', 4 WHERE r.retired_column IS NOT NULL
+    UNION ALL SELECT p.p, 'property', 4 + p.i FROM unnest(r.properties) WITH ORDINALITY p(p, i)
+$$;
+
+-- format_type of each of `r`'s registered columns as the catalog has it now; 'missing' for one that
+-- is gone (dropped or renamed).
+CREATE FUNCTION _layer_column_types(r layer_registry) RETURNS text[]
+LANGUAGE sql STABLE
+AS $$
+    SELECT array_agg(coalesce((SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+                                 WHERE a.attrelid = r.tbl AND a.attname = c.col AND a.attnum > 0 AND NOT a.attisdropped),
+                              'missing') ORDER BY c.ord)
+      FROM _layer_columns(r) c
+$$;
+
 CREATE FUNCTION register_layer(layer text, tbl regclass, id_column name DEFAULT 'id',
                                geometry_column name DEFAULT 'geom', version_column name DEFAULT 'version',
                                properties name[] DEFAULT '{}', retired_column name DEFAULT NULL) RETURNS void
@@ -40,6 +63,7 @@ DECLARE
     v_srid integer;
     v_type text;
     p name;
+    reg layer_registry;
 BEGIN
     IF layer IS NULL OR layer !~ '^[a-z0-9_-]{1,64}$' THEN
         RAISE EXCEPTION 'invalid layer name %', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '22023',
@@ -98,8 +122,8 @@ BEGIN
     v_srid := CASE WHEN a.atttypmod > 0 THEN postgis_typmod_srid(a.atttypmod) ELSE 0 END;
     IF v_srid <= 0 THEN
         RAISE EXCEPTION 'geometry column % has no declared SRID', quote_ident(geometry_column) USING ERRCODE = '22023',
-            HINT = format('Declare it: ALTER TABLE %s ALTER COLUMN %I TYPE geometry(Geometry, <srid>) USING ST_SetSRID(%I, <srid>).',
-                          tbl, geometry_column, geometry_column);
+            HINT = format('Declare it: ALTER TABLE %s ALTER COLUMN %I TYPE geometry(%s, <srid>) USING ST_SetSRID(%I, <srid>).',
+                          tbl, geometry_column, postgis_typmod_type(a.atttypmod), geometry_column);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM spatial_ref_sys s WHERE s.srid = v_srid) THEN
         RAISE EXCEPTION 'geometry column % has SRID %, which spatial_ref_sys does not know', quote_ident(geometry_column), v_srid
@@ -149,10 +173,12 @@ BEGIN
     END IF;
 
     -- since_id: outbox rows below it belong to an earlier registration of the same name.
-    INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
-                                srid, geometry_type, since_id)
+    INSERT INTO layer_registry AS l (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
+                                     srid, geometry_type, since_id)
     VALUES (layer, tbl, id_column, geometry_column, version_column, properties, retired_column, v_srid, v_type,
-            nextval('outbox_id_seq'));
+            nextval('outbox_id_seq'))
+    RETURNING * INTO reg;
+    UPDATE layer_registry l SET column_types = _layer_column_types(reg) WHERE l.layer = reg.layer;
 END
 $$;
 COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) IS
@@ -205,6 +231,8 @@ COMMENT ON FUNCTION unregister_layer(text) IS
 
 CREATE VIEW layers AS
 SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,
-       r.properties, r.srid, r.geometry_type, r.registered_at
+       r.properties, r.srid, r.geometry_type, r.registered_at,
+       -- Each event's registration_id: a layer registered again under the same name gets a higher one.
+       r.since_id AS registration_id
   FROM layer_registry r;
-COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties and SRID.';
+COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties, SRID and registration id.';

@@ -22,15 +22,15 @@ SELECT u.unpublished_rows,
   FROM (SELECT count(*) AS unpublished_rows,
                -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
                min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
-               count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
+               count(*) FILTER (WHERE o.row_failures > 0 AND o.parked_at IS NULL) AS failing_rows,
                count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
                min(o.parked_at) AS oldest_parked_at
           FROM (-- From the low-water mark up (relay/low_water): below it every row is published or
                 -- parked, and the dead index entries of published rows there are never read.
-                SELECT o.created_at, o.parked_at, o.attempts FROM outbox o
+                SELECT o.created_at, o.parked_at, o.row_failures FROM outbox o
                  WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
                 UNION ALL
-                SELECT o.created_at, o.parked_at, o.attempts FROM outbox o
+                SELECT o.created_at, o.parked_at, o.row_failures FROM outbox o
                  WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o) u
  CROSS JOIN _relay_status() s
   -- The session whose snapshot or transaction holds back VACUUM here the longest: row versions
@@ -71,7 +71,7 @@ AS $$
                   b.unpublished_rows::numeric),
                  (2, 'outbox_oldest_unpublished_age_seconds', 'Age of the oldest unpublished, unparked outbox row.',
                   coalesce(extract(epoch FROM b.oldest_unpublished_age), 0)),
-                 (3, 'outbox_failing_rows', 'Unpublished rows with failed attempts that are not parked.',
+                 (3, 'outbox_failing_rows', 'Unpublished rows that failed row-level (a sink outage counts elsewhere) and are not parked.',
                   b.failing_rows),
                  (4, 'outbox_parked_rows', 'Rows parked: after feature_outbox.max_attempts failures, or undeliverable as they are.',
                   b.parked_rows),
@@ -118,13 +118,13 @@ SELECT l.layer,
        SELECT o.layer,
               count(*) AS unpublished_rows,
               min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
-              count(*) FILTER (WHERE o.attempts > 0 AND o.parked_at IS NULL) AS failing_rows,
+              count(*) FILTER (WHERE o.row_failures > 0 AND o.parked_at IS NULL) AS failing_rows,
               count(*) FILTER (WHERE o.parked_at IS NOT NULL) AS parked_rows,
               min(o.parked_at) AS oldest_parked_at
-         FROM (SELECT o.layer, o.created_at, o.parked_at, o.attempts FROM outbox o
+         FROM (SELECT o.layer, o.created_at, o.parked_at, o.row_failures FROM outbox o
                 WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
                UNION ALL
-               SELECT o.layer, o.created_at, o.parked_at, o.attempts FROM outbox o
+               SELECT o.layer, o.created_at, o.parked_at, o.row_failures FROM outbox o
                 WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o
         GROUP BY o.layer) u ON u.layer = l.layer
  CROSS JOIN backlog b;

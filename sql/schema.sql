@@ -95,7 +95,10 @@ CREATE TABLE layer_registry (
     geometry_type    text     NOT NULL,   -- the column's declared type (postgis_typmod_type), e.g. Polygon
     -- Outbox rows below this id were written for an earlier layer of the same name (unregistered since).
     since_id         bigint   NOT NULL DEFAULT 0,
-    registered_at    timestamptz NOT NULL DEFAULT now()
+    registered_at    timestamptz NOT NULL DEFAULT now(),
+    -- format_type of each registered column (_layer_columns order) at registration; the DDL guard
+    -- (sql/ddl_guard.sql) refuses an ALTER TABLE after which they differ. NULL for the built-in table.
+    column_types     text[]
 );
 COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
 INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, retired_column, srid, geometry_type)

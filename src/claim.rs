@@ -99,6 +99,7 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
             occurred_at: get_s(8)?.unwrap_or_default(),
             row_failures: r.get::<i32>(9).map_err(text)?.unwrap_or_default(),
             layer: get_s(10)?.unwrap_or_default(),
+            registration_id: 0,
             previous_bbox: r.get::<Vec<f64>>(11).map_err(text)?,
             geometry_version: None,
             geometry: None,
@@ -107,7 +108,16 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
         });
     }
     if !rows.is_empty() {
-        read_layers(client, &mut rows)?;
+        // The claim ran read-write, so SPI took a fresh snapshot for it. The reads below run
+        // read-only, and read-only SPI uses the active snapshot: the one this transaction began
+        // with, older than the claim's. An edit that committed in between had its outbox row
+        // claimed but its feature row unseen, and went out with null content (issue 20). Read
+        // under a snapshot taken now, which sees everything the claim saw (in READ COMMITTED, a
+        // new one; the relay's transactions always are, see relay.rs).
+        unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+        let read = read_layers(client, &mut rows);
+        unsafe { pg_sys::PopActiveSnapshot() };
+        read?;
     }
     Ok(rows)
 }
@@ -150,6 +160,7 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), Strin
                 ));
                 continue;
             }
+            row.registration_id = since;
             match &current {
                 Ok(by_id) => {
                     if let Some((version, geometry, properties)) = by_id.get(&row.feature_id) {

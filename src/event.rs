@@ -17,6 +17,9 @@ pub struct Row {
     pub event_id: String,
     /// The layer (a subject token): 'features' for the built-in table.
     pub layer: String,
+    /// The layer's registration (layer_registry.since_id): a table registered again under an old
+    /// name gets a higher one, and its features' versions start again. 0 for the built-in table.
+    pub registration_id: i64,
     pub feature_id: i64,
     pub feature_version: i32,
     pub event_type: String,
@@ -45,6 +48,8 @@ struct Event<'a> {
     schema_version: i32,
     event_id: &'a str,
     layer: &'a str,
+    /// Versions are per (layer, registration_id, feature_id): a re-registered layer starts again.
+    registration_id: i64,
     action: &'a str,
     feature_id: String,
     event_version: i32,
@@ -105,6 +110,7 @@ fn build(row: &Row, relayed_at: &str, geometry: Option<Box<RawValue>>, geometry_
         schema_version: SCHEMA_VERSION,
         event_id: &row.event_id,
         layer: &row.layer,
+        registration_id: row.registration_id,
         action: &row.event_type,
         feature_id: row.feature_id.to_string(),
         event_version: row.feature_version,
@@ -146,6 +152,7 @@ pub(crate) mod tests {
             id: 1,
             event_id: "0b3f2c1e-0000-4000-8000-000000000001".into(),
             layer: "parcels".into(),
+            registration_id: 7001,
             feature_id: 4471,
             feature_version: 2,
             event_type: "moved".into(),
@@ -175,10 +182,11 @@ pub(crate) mod tests {
         assert_eq!(v["geometry"]["type"], "Point");
         assert_eq!(v["schema_version"], 3);
         assert_eq!(v["layer"], "parcels");
+        assert_eq!(v["registration_id"], 7001);
         assert_eq!(v["properties"], serde_json::json!({"name": "Main St", "lanes": 2}));
         assert_eq!(v["bbox"], serde_json::json!([13.400000000000001, 52.52, 13.400000000000001, 52.52]));
         assert_eq!(v["previous_bbox"], serde_json::json!([13.3, 52.5, 13.35, 52.55]));
-        assert_eq!(v.as_object().unwrap().len(), 16);
+        assert_eq!(v.as_object().unwrap().len(), 17);
     }
 
     #[test]
@@ -192,7 +200,7 @@ pub(crate) mod tests {
         // The object is exactly the geometry the inline event would carry.
         let inline: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&object).unwrap(), inline["geometry"]);
-        assert_eq!(v.as_object().unwrap().len(), 17);
+        assert_eq!(v.as_object().unwrap().len(), 18);
     }
 
     #[test]

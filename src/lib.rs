@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod backoff;
 mod claim;
+mod ddl_guard;
 mod edit;
 mod event;
 mod geojson;
@@ -41,6 +42,7 @@ extension_sql_file!(
         edit::_inspect_geometry,
         edit::_close_polar_caps,
         edit::_h3_cell,
+        edit::_check_storage_area,
         relay_state::_wake_relay_at_commit,
         relay_state::_wake_relay_for,
         edit::layers::_layer_write,
@@ -69,6 +71,7 @@ extension_sql_file!(
     name = "backfill",
     requires = ["edit", "layers", edit::layers::_as_caller_rows]
 );
+extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

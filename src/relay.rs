@@ -27,6 +27,9 @@ const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How soon an idle worker 0 looks at the low-water mark again while a candidate waits.
 const LOW_WATER_LOOK: Duration = Duration::from_millis(150);
 const RETENTION_CHUNK: i64 = 5000;
+/// How often a worker backing off after failed NATS connects looks whether a server answers.
+const SINK_PROBE_EVERY: Duration = Duration::from_millis(500);
+const SINK_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 /// Retention's scan starts this long before the newest publish time it deleted. A row's published_at
 /// is taken by the mark statement, just before its transaction commits, so no row published earlier
 /// than that can become visible after a run's scan has passed it.
@@ -71,9 +74,14 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     update_slot(index, |s| s.connect_attempt_at = 0);
     // Every name the relay uses is schema-qualified or in pg_catalog; no schema of a user (say, one
-    // named after the worker's role) may shadow them.
+    // named after the worker's role) may shadow them. READ COMMITTED whatever the server's default:
+    // the claim's layer reads take a snapshot newer than the claim's (claim.rs), and a claim under
+    // REPEATABLE READ would fail on every row an edit updated since the batch began.
     BackgroundWorker::transaction(|| {
-        let _ = Spi::run("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)");
+        let _ = Spi::run(
+            "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),
+                    pg_catalog.set_config('default_transaction_isolation', 'read committed', false)",
+        );
     });
 
     Relay::new(index).run();
@@ -192,6 +200,8 @@ struct Relay {
     index: usize,
     sink: Option<(SinkConfig, Sink)>,
     sink_failures: u32,
+    /// The last try failed to connect (no server answered), rather than to publish.
+    connect_failed: bool,
     sink_down_logged: bool,
     /// The reason the worker last logged for waiting, so each is logged once.
     waiting_logged: Option<String>,
@@ -210,6 +220,7 @@ impl Relay {
             index,
             sink: None,
             sink_failures: 0,
+            connect_failed: false,
             sink_down_logged: false,
             waiting_logged: None,
             last_retention: None,
@@ -229,9 +240,7 @@ impl Relay {
                 Drain::Idle(wait) => wait,
                 Drain::SinkDown(delay) => {
                     self.set_state(WorkerState::BackingOff);
-                    // A changed sink setting (say, a corrected endpoint) ends the backoff at once.
-                    let config = Self::sink_config();
-                    if !sleep_for(delay, || Self::sink_config() != config) {
+                    if !self.back_off(delay) {
                         return;
                     }
                     continue;
@@ -240,6 +249,39 @@ impl Relay {
             // Idle: sleep on the latch; a committing edit_feature sets it (relay_state::wake_all).
             if !BackgroundWorker::wait_latch(Some(wait)) || stopping() {
                 return;
+            }
+        }
+    }
+
+    /// Sleeps out a sink backoff of `delay`. A changed sink setting (say, a corrected endpoint) ends
+    /// it at once. After failed connects to NATS, a server that went from refusing connections to
+    /// accepting them ends it within SINK_PROBE_EVERY: the delay grew through the outage, and the
+    /// server is back now. (One that answers all along, refusing the credentials, say, does not.)
+    /// False on SIGTERM.
+    fn back_off(&self, delay: Duration) -> bool {
+        let config = Self::sink_config();
+        let scheme = config.endpoint.split("://").next().unwrap_or("").to_ascii_lowercase();
+        let probe = self.connect_failed && matches!(scheme.as_str(), "nats" | "tls");
+        let deadline = Instant::now() + delay;
+        let mut was_down = probe && !crate::sinks::nats::answers(&config.endpoint, SINK_PROBE_TIMEOUT);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            let slice = if probe { left.min(SINK_PROBE_EVERY) } else { left };
+            if !sleep_for(slice, || Self::sink_config() != config) {
+                return false;
+            }
+            if Self::sink_config() != config {
+                return true;
+            }
+            if probe {
+                let up = crate::sinks::nats::answers(&config.endpoint, SINK_PROBE_TIMEOUT);
+                if up && was_down {
+                    return true;
+                }
+                was_down |= !up;
             }
         }
     }
@@ -409,8 +451,10 @@ impl Relay {
         if let Err(e) = self.sink() {
             // No row was tried: count the connect attempt (a failed batch counts its rows instead).
             update_slot(self.index, |s| s.failed_attempts += 1);
+            self.connect_failed = true;
             return Ok(BatchEnd::SinkDown(e, None));
         }
+        self.connect_failed = false;
         if self.index == 0 {
             // Before the claim, so a mark that moved is used at once.
             self.advance_low_water();

@@ -36,6 +36,7 @@ pub static INVALID_GEOMETRY: GucSetting<InvalidGeometry> = GucSetting::<InvalidG
 
 pub static RELAY_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static WAKE_AT_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static DDL_GUARD: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
 pub static ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -86,6 +87,15 @@ pub fn init() {
         &AREA_OF_USE_MARGIN,
         0.0,
         360.0,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+
+    GucRegistry::define_bool_guc(
+        c"feature_outbox.ddl_guard",
+        c"Whether DDL that would break a registered layer (DROP TABLE, DROP/RENAME/ALTER TYPE of a registered column) is refused.",
+        c"Superusers may turn it off for a session, for pg_restore --clean and repairs.",
+        &DDL_GUARD,
         GucContext::Suset,
         GucFlags::default(),
     );

@@ -23,6 +23,9 @@ pub struct Area {
     pub south: f64,
     pub east: f64,
     pub north: f64,
+    /// Set when the CRS is a layer's storage CRS (its column's SRID) rather than the input's: the
+    /// error then names the layer. The same area and margin apply to both (issue 20).
+    pub layer: Option<String>,
 }
 
 impl Area {
@@ -38,8 +41,30 @@ impl Area {
         [lon - 360.0, lon, lon + 360.0].iter().any(|x| (self.west - margin..=east + margin).contains(x))
     }
 
-    /// 22023, naming the CRS and its area.
+    /// 22023, naming the CRS and its area (and the layer, for a storage CRS).
     pub fn outside_error(&self, lon: f64, lat: f64, margin: f64) -> InputError {
+        if let Some(layer) = &self.layer {
+            return InputError::new(
+                Code::InvalidParameter,
+                format!(
+                    "the geometry is outside the area of use of {} ({}), the CRS layer \"{layer}\" stores in: ({lon}, {lat}) \
+                     in degrees is not in {} (longitude {} to {}, latitude {} to {})",
+                    self.crs,
+                    self.crs_name,
+                    self.name.trim_end_matches('.'),
+                    self.west,
+                    self.east,
+                    self.south,
+                    self.north
+                ),
+            )
+            .hint(format!(
+                "A later edit in {crs} would be refused, so this one is too. Store shapes from elsewhere in a layer \
+                 whose column uses a CRS that covers them: EPSG:4326, or a projected CRS of their own region (a UTM \
+                 zone, a State Plane zone). feature_outbox.area_of_use_margin allows {margin}° beyond the area.",
+                crs = self.crs
+            ));
+        }
         InputError::new(
             Code::InvalidParameter,
             format!(
@@ -146,6 +171,7 @@ fn query(ctx: *mut PJ_CONTEXT, crs: &str) -> Option<Area> {
             south: s,
             east: e,
             north: n,
+            layer: None,
         });
         proj_destroy(pj);
         area
@@ -157,7 +183,7 @@ mod tests {
     use super::*;
 
     fn area(west: f64, south: f64, east: f64, north: f64) -> Area {
-        Area { crs: "EPSG:1".into(), crs_name: "test".into(), name: "test".into(), west, south, east, north }
+        Area { crs: "EPSG:1".into(), crs_name: "test".into(), name: "test".into(), west, south, east, north, layer: None }
     }
 
     #[test]
@@ -196,5 +222,16 @@ mod tests {
         assert_eq!(e.code, Code::InvalidParameter);
         assert!(e.message.contains("EPSG:1 (test)") && e.message.contains("longitude 12 to 18"), "{}", e.message);
         assert!(e.hint.unwrap().contains("area_of_use_margin"));
+    }
+
+    #[test]
+    fn a_storage_crs_error_names_the_layer_and_a_fitting_crs() {
+        let mut zone = area(12.0, 0.0, 18.0, 84.0);
+        zone.layer = Some("parcels".into());
+        let e = zone.outside_error(-120.0, 47.0, 1.0);
+        assert_eq!(e.code, Code::InvalidParameter);
+        assert!(e.message.contains("layer \"parcels\"") && e.message.contains("EPSG:1"), "{}", e.message);
+        let hint = e.hint.unwrap();
+        assert!(hint.contains("EPSG:4326") && hint.contains("UTM") && hint.contains("area_of_use_margin"), "{hint}");
     }
 }

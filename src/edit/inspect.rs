@@ -456,7 +456,7 @@ pub(crate) mod tests {
     #[test]
     fn a_vertex_outside_the_area_of_use_is_refused() {
         let zone = Area { crs: "EPSG:32633".into(), crs_name: "UTM 33N".into(), name: "12°E to 18°E".into(),
-                          west: 12.0, south: 0.0, east: 18.0, north: 84.0 };
+                          west: 12.0, south: 0.0, east: 18.0, north: 84.0, layer: None };
         let rules = Rules { lonlat: true, area: Some((&zone, 1.0)), find_poles: true };
         assert!(inspect(&wkb(&square(14.0, 50.0).into()), &rules).is_ok());
         let e = inspect(&wkb(&square(18.5, 50.0).into()), &rules).unwrap_err();

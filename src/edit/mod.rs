@@ -70,6 +70,19 @@ fn _inspect_geometry(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&st
     vec![f64::from(u8::from(facts.crosses_antimeridian)), pole, west, south, east, north, resolution]
 }
 
+/// The area-of-use test of `_inspect_geometry`, for the CRS a layer stores in: every coordinate of
+/// `wkb` (EPSG:4326 degrees) must lie in the area of use of `crs` (`auth_name:auth_srid`), widened
+/// by `feature_outbox.area_of_use_margin` degrees, the rule an edit given in that CRS meets. So a
+/// shape stored now is never one a later edit in the column's own SRID refuses. Raises 22023 naming
+/// `layer`; a CRS without a recorded area passes.
+#[pg_extern(stable, parallel_safe)]
+fn _check_storage_area(wkb: &[u8], crs: &str, layer: &str) {
+    let Some(mut area) = area_of_use::lookup(crs) else { return };
+    area.layer = Some(layer.to_string());
+    let rules = inspect::Rules { lonlat: true, area: Some((&area, settings::AREA_OF_USE_MARGIN.get())), find_poles: false };
+    ok_or_report(inspect::inspect(wkb, &rules).map(|_| ()), "edit_feature")
+}
+
 /// EWKB (SRID 4326) of the same Polygon or MultiPolygon with each ring around a pole rebuilt as a
 /// polar cap that covers it (see `polar`). `wkb`: the shape after ST_Transform to 4326, densified in
 /// its source CRS first. Raises 22023 when the shape cannot be rebuilt.

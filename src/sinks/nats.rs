@@ -45,6 +45,26 @@ fn split_credentials(url: &str) -> (Option<(String, Option<String>)>, String) {
     }
 }
 
+/// True when some server of a NATS `endpoint` (comma-separated URLs) accepts a TCP connection
+/// within `timeout`. A relay backing off after failed connects uses it to end the backoff as soon
+/// as a server answers again, instead of waiting out a delay that grew during a long outage.
+pub fn answers(endpoint: &str, timeout: Duration) -> bool {
+    use std::net::{TcpStream, ToSocketAddrs};
+    endpoint.split(',').map(str::trim).filter(|u| !u.is_empty()).any(|url| {
+        let (_, address) = split_credentials(url);
+        let host = address.split_once("://").map_or(address.as_str(), |(_, h)| h).trim_end_matches('/');
+        let with_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+            host.to_string()
+        } else {
+            format!("{host}:4222")
+        };
+        with_port
+            .to_socket_addrs()
+            .map(|mut addrs| addrs.any(|a| TcpStream::connect_timeout(&a, timeout).is_ok()))
+            .unwrap_or(false)
+    })
+}
+
 impl NatsSink {
     pub fn connect(config: &SinkConfig, client_name: &str) -> Result<NatsSink, String> {
         // A multi-thread runtime with one worker keeps the connection serviced while the relay

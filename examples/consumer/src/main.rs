@@ -90,6 +90,8 @@ struct Event {
     schema_version: i32,
     event_id: String,
     layer: String,  // the layer (table) the feature belongs to; feature ids are unique per layer
+    #[serde(default)]
+    registration_id: i64, // the layer's registration: a table registered again under the name gets a higher one
     action: String, // created | moved | updated | retired | snapshot (backfill)
     feature_id: String,
     event_version: i32,            // the version this edit produced
@@ -120,13 +122,14 @@ struct GeometryRef {
 #[derive(Default)]
 struct Consumer {
     seen: HashSet<String>,           // event_ids processed: the deduplication key
-    latest: HashMap<(String, String), i32>, // (layer, feature_id) -> geometry_version applied
+    latest: HashMap<(String, i64, String), i32>, // (layer, registration_id, feature_id) -> geometry_version applied
     cells: HashMap<String, u64>,     // routing_key -> unique events
     by_action: HashMap<String, u64>,
     unique_events: u64,
     duplicates: u64,
     stale_dropped: u64,
     later_geometry_seen: u64,
+    content_null: u64, // created/moved/updated/snapshot without content: the row was deleted since (or a relay bug)
     redelivered: u64,     // JetStream delivered this message more than once (not acked in time)
     header_mismatches: u64, // headers or subject disagree with the body: a relay bug
     malformed: u64,
@@ -179,7 +182,14 @@ impl Consumer {
         self.keep_sample(&event, payload);
 
         let Some(geometry_version) = event.geometry_version else {
-            // The feature row is gone: there is no geometry to apply, only the fact of the edit.
+            // The feature row is gone: there is no geometry to apply, only the fact of the edit. For
+            // an action that says the row exists, that is worth a look: the row was deleted after
+            // this edit, or (0.2.0's relay) the content was lost. Counted apart, never applied as a
+            // feature without geometry.
+            if event.action != "retired" {
+                self.content_null += 1;
+                eprintln!("consumer: {} event {} of {} {} carries no content", event.action, event.event_id, event.layer, event.feature_id);
+            }
             return Verdict::Applied;
         };
         // Gotcha 1: the relay read the feature's current row, so a second edit committed before the
@@ -190,7 +200,8 @@ impl Consumer {
         }
         // Ordering per feature is reconstructed here, not assumed: a geometry older than the one
         // already applied arrived late (another relay worker's batch) and must not overwrite it.
-        let latest = self.latest.entry((event.layer.clone(), event.feature_id.clone())).or_insert(0);
+        // Versions count per registration: a layer registered again starts again at 1.
+        let latest = self.latest.entry((event.layer.clone(), event.registration_id, event.feature_id.clone())).or_insert(0);
         if geometry_version < *latest {
             self.stale_dropped += 1;
             return Verdict::Stale;
@@ -254,6 +265,7 @@ impl Consumer {
             "duplicates": self.duplicates,
             "stale_dropped": self.stale_dropped,
             "later_geometry_seen": self.later_geometry_seen,
+            "content_null": self.content_null,
             "events_per_second": if seconds > 0.0 { (self.unique_events as f64 / seconds).round() } else { 0.0 },
             "receive_seconds": (seconds * 1000.0).round() / 1000.0,
             "busiest_cells": cells.iter().take(5).map(|(k, n)| json!({"routing_key": k, "events": n})).collect::<Vec<_>>(),
@@ -496,7 +508,34 @@ mod tests {
         // An older geometry arriving late (another relay worker's batch) must not overwrite v3.
         assert!(matches!(feed(&mut c, event("c", 2, 2)), Verdict::Stale));
         assert_eq!((c.unique_events, c.duplicates, c.stale_dropped, c.later_geometry_seen), (3, 1, 1, 1));
-        assert_eq!((c.latest[&("parcels".to_string(), "4471".to_string())], c.header_mismatches), (3, 0));
+        assert_eq!((c.latest[&("parcels".to_string(), 0, "4471".to_string())], c.header_mismatches), (3, 0));
+    }
+
+    #[test]
+    fn a_re_registered_layer_starts_again_and_is_not_stale() {
+        let mut c = Consumer::default();
+        assert!(matches!(feed(&mut c, event("a", 3, 3)), Verdict::Applied));
+        let (subject, headers, body) = event("b", 1, 1);
+        let mut v: Value = serde_json::from_slice(&body).unwrap();
+        v["registration_id"] = json!(42);
+        assert!(matches!(c.process(&subject, Some(&headers), &serde_json::to_vec(&v).unwrap()), Verdict::Applied));
+        assert_eq!(c.stale_dropped, 0);
+    }
+
+    #[test]
+    fn content_null_on_an_action_that_says_the_row_exists_is_flagged() {
+        let mut c = Consumer::default();
+        let (subject, headers, body) = event("a", 2, 2);
+        let mut v: Value = serde_json::from_slice(&body).unwrap();
+        for field in ["geometry", "geometry_version", "properties"] {
+            v[field] = Value::Null;
+        }
+        c.process(&subject, Some(&headers), &serde_json::to_vec(&v).unwrap());
+        assert_eq!(c.content_null, 1);
+        v["event_id"] = json!("b");
+        v["action"] = json!("retired");
+        c.process("features.parcels.retired.881f1d4891fffff", Some(&headers), &serde_json::to_vec(&v).unwrap());
+        assert_eq!(c.content_null, 1, "a retired event without content is a deleted row, as expected");
     }
 
     #[test]
