@@ -62,8 +62,9 @@ def symbols_declared(script: str) -> set[str]:
     return set(re.findall(r"AS 'MODULE_PATHNAME', '(\w+)'", script))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def nats_server():
+    # One per upgraded release: each test asserts what its own relay sent, from an empty stream.
     server = NatsServer(RUN_DIR / "nats-upgrade")
     server.start()
     yield server
