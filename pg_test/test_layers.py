@@ -288,6 +288,8 @@ def test_privileges_in_both_directions(relay, db):
             su.execute(f"DROP ROLE IF EXISTS {role}")
             su.execute(f"CREATE ROLE {role} LOGIN")
         su.execute("GRANT CREATE ON SCHEMA public TO layer_owner")
+        # Registering is granted explicitly since 0.3.0 (no longer PUBLIC's).
+        su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.register_layer(text, regclass, name, name, name, name[], name), feature_outbox.unregister_layer(text) TO layer_owner, layer_stranger")
         su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(text, bigint, text, text, jsonb),"
                    " feature_outbox.record_edit(text, bigint, text) TO layer_app, layer_reader")
     def as_role(role):
@@ -438,10 +440,10 @@ def test_counties_into_conus_albers_route_as_the_reference(relay):
                      " version integer NOT NULL DEFAULT 0, name text)")
         conn.execute("SELECT feature_outbox.register_layer('counties', 'counties', 'fips', properties => '{name}')")
         names = {json.loads(l)["id"]: json.loads(l)["name"] for l in COUNTIES.read_text().splitlines() if l.strip()}
-        # CONUS Albers covers the 48 contiguous states. Alaska (02), Hawaii (15) and Puerto Rico (72)
-        # lie outside its area of use, so a later edit given in EPSG:5070 would be refused: they are
+        # CONUS Albers covers the 48 contiguous states. Alaska (02), Hawaii (15) and the territories
+        # (60, 66, 69, 72, 78) lie outside its area of use, so a later edit given in EPSG:5070 would be refused: they are
         # refused at create too (issue 20, item 2), one by one, with nothing written.
-        outside = {"02", "15", "72"}
+        outside = {"02", "15", "60", "66", "69", "72", "78"}
         conus = [(f, t) for f, t in counties if f[:2] not in outside]
         for i in range(0, len(conus), 500):
             with conn.transaction(), conn.cursor() as cur:
@@ -471,6 +473,7 @@ def test_writes_run_as_current_user_even_through_a_security_definer_wrapper(rela
             su.execute(f"DROP ROLE IF EXISTS {role}")
             su.execute(f"CREATE ROLE {role} LOGIN")
         su.execute("GRANT CREATE ON SCHEMA public TO wrap_owner")
+        su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.register_layer(text, regclass, name, name, name, name[], name), feature_outbox.unregister_layer(text) TO wrap_owner")
         su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(text, bigint, text, text, jsonb) TO wrap_owner")
     owner = psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=wrap_owner"), autocommit=True)
     with owner:
@@ -505,6 +508,7 @@ def test_the_relay_reads_a_layer_as_its_owner_with_its_own_search_path(relay, db
             su.execute("DROP ROLE moody")
         su.execute("CREATE ROLE moody LOGIN")
         su.execute("GRANT CREATE ON SCHEMA public TO moody")
+        su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.register_layer(text, regclass, name, name, name, name[], name), feature_outbox.unregister_layer(text) TO moody")
         su.execute("GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(text, bigint, text, text, jsonb) TO moody")
         # A trap for the relay's search_path ("$user" comes first): it would null every geometry.
         su.execute("DROP SCHEMA IF EXISTS postgres CASCADE")
@@ -592,7 +596,8 @@ def test_layer_edge_cases_the_attack_found(relay, db, nats_server):
     db.execute("SET feature_outbox.ddl_guard = off")
     db.execute("DROP TABLE public.europe")
     db.execute("RESET feature_outbox.ddl_guard")
-    state, message, _ = fails(db, "SELECT feature_outbox.edit_feature('europe', 2, %s, 'created')", (point,))
+    state, message, _ = fails(db, "SELECT feature_outbox.edit_feature('europe', 2, %s, 'created')",
+                              ('{"type":"Point","coordinates":[10,50]}',))  # inside EPSG:3035's area of use
     assert state == "42P01" and "europe" in message
     db.execute("SELECT feature_outbox.unregister_layer('europe')")
 

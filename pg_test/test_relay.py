@@ -30,7 +30,7 @@ SETTINGS = (
     "feature_outbox.publish_timeout = '2s'",
     "feature_outbox.max_attempts = 3",
 )
-EVENT_FIELDS = {"schema_version", "event_id", "layer", "properties", "action", "feature_id", "event_version", "geometry_version",
+EVENT_FIELDS = {"schema_version", "event_id", "layer", "registration_id", "properties", "action", "feature_id", "event_version", "geometry_version",
                 "routing_key", "previous_routing_key", "crs", "geometry", "bbox", "previous_bbox", "occurred_at", "relayed_at"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
