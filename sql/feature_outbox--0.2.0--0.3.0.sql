@@ -152,8 +152,8 @@ BEGIN
     END IF;
 
     -- since_id: outbox rows below it belong to an earlier registration of the same name.
-    INSERT INTO layer_registry AS l (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
-                                     srid, geometry_type, since_id)
+    INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, properties, retired_column,
+                                srid, geometry_type, since_id)
     VALUES (layer, tbl, id_column, geometry_column, version_column, properties, retired_column, v_srid, v_type,
             nextval('outbox_id_seq'))
     RETURNING * INTO reg;

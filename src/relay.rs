@@ -260,8 +260,7 @@ impl Relay {
     /// False on SIGTERM.
     fn back_off(&self, delay: Duration) -> bool {
         let config = Self::sink_config();
-        let scheme = config.endpoint.split("://").next().unwrap_or("").to_ascii_lowercase();
-        let probe = self.connect_failed && matches!(scheme.as_str(), "nats" | "tls");
+        let probe = self.connect_failed && matches!(config.scheme().as_str(), "nats" | "tls");
         let deadline = Instant::now() + delay;
         let mut was_down = probe && !crate::sinks::nats::answers(&config.endpoint, SINK_PROBE_TIMEOUT);
         loop {

@@ -43,35 +43,28 @@ impl Area {
 
     /// 22023, naming the CRS and its area (and the layer, for a storage CRS).
     pub fn outside_error(&self, lon: f64, lat: f64, margin: f64) -> InputError {
-        if let Some(layer) = &self.layer {
-            return InputError::new(
-                Code::InvalidParameter,
+        let (what, hint) = match &self.layer {
+            Some(layer) => (
+                format!("the geometry is outside the area of use of {} ({}), the CRS layer \"{layer}\" stores in", self.crs, self.crs_name),
                 format!(
-                    "the geometry is outside the area of use of {} ({}), the CRS layer \"{layer}\" stores in: ({lon}, {lat}) \
-                     in degrees is not in {} (longitude {} to {}, latitude {} to {})",
-                    self.crs,
-                    self.crs_name,
-                    self.name.trim_end_matches('.'),
-                    self.west,
-                    self.east,
-                    self.south,
-                    self.north
+                    "A later edit in {crs} would be refused, so this one is too. Store shapes from elsewhere in a layer \
+                     whose column uses a CRS that covers them: EPSG:4326, or a projected CRS of their own region (a UTM \
+                     zone, a State Plane zone). feature_outbox.area_of_use_margin allows {margin}° beyond the area.",
+                    crs = self.crs
                 ),
-            )
-            .hint(format!(
-                "A later edit in {crs} would be refused, so this one is too. Store shapes from elsewhere in a layer \
-                 whose column uses a CRS that covers them: EPSG:4326, or a projected CRS of their own region (a UTM \
-                 zone, a State Plane zone). feature_outbox.area_of_use_margin allows {margin}° beyond the area.",
-                crs = self.crs
-            ));
-        }
+            ),
+            None => (
+                format!("coordinates are outside the area of use of {} ({})", self.crs, self.crs_name),
+                format!(
+                    "Check the coordinates and their SRID: are x and y swapped, or the units wrong? \
+                     feature_outbox.area_of_use_margin allows {margin}° beyond the area."
+                ),
+            ),
+        };
         InputError::new(
             Code::InvalidParameter,
             format!(
-                "coordinates are outside the area of use of {} ({}): ({lon}, {lat}) in degrees is not in {} \
-                 (longitude {} to {}, latitude {} to {})",
-                self.crs,
-                self.crs_name,
+                "{what}: ({lon}, {lat}) in degrees is not in {} (longitude {} to {}, latitude {} to {})",
                 self.name.trim_end_matches('.'),
                 self.west,
                 self.east,
@@ -79,10 +72,7 @@ impl Area {
                 self.north
             ),
         )
-        .hint(format!(
-            "Check the coordinates and their SRID: are x and y swapped, or the units wrong? \
-             feature_outbox.area_of_use_margin allows {margin}° beyond the area."
-        ))
+        .hint(hint)
     }
 }
 

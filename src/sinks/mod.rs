@@ -58,11 +58,17 @@ pub enum Sink {
     Discard,
 }
 
+impl SinkConfig {
+    /// The endpoint's scheme, lowercased: `nats`, `tls`, `http`, `https` (or what the user wrote).
+    pub fn scheme(&self) -> String {
+        self.endpoint.split("://").next().unwrap_or("").to_ascii_lowercase()
+    }
+}
+
 impl Sink {
     /// Connects to the endpoint. An error is sink-level (transient): the caller backs off.
     pub fn connect(config: &SinkConfig, client_name: &str) -> Result<Sink, String> {
-        let scheme = config.endpoint.split("://").next().unwrap_or("").to_ascii_lowercase();
-        match scheme.as_str() {
+        match config.scheme().as_str() {
             "nats" | "tls" => nats::NatsSink::connect(config, client_name).map(Sink::Nats),
             "http" | "https" => http::HttpSink::new(config).map(Sink::Http),
             #[cfg(feature = "fault-injection")]
