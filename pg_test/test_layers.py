@@ -321,7 +321,7 @@ def test_privileges_in_both_directions(relay, db):
         for sql in ("INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer) VALUES (1, 9, 'moved', 'x', 'shops')",
                     "UPDATE feature_outbox.feature_state SET routing_key = 'x'",
                     "INSERT INTO feature_outbox.layer_registry (layer, tbl, id_column, geometry_column, version_column, srid, geometry_type) VALUES ('x', 'public.shops', 'id', 'geom', 'version', 4326, 'Point')",
-                    "SELECT feature_outbox._layer_write('shops', 'moved', 'public.shops'::regclass, 'id', 'geom', 'version', NULL, 1, NULL::geometry, NULL, NULL)",
+                    "SELECT feature_outbox._layer_write_row('shops', 'moved', 'public.shops'::regclass, 'id', 'geom', 'version', NULL, 1, NULL::geometry, NULL, NULL, NULL)",
                     "SELECT feature_outbox._as_caller_row('SELECT 1', 1)",
                     "SELECT feature_outbox._record_edit('shops', 1, 'updated')",
                     "SELECT feature_outbox._register_layer('x', 'public.shops', 'id', 'geom', 'version', '{}', NULL)",
@@ -363,7 +363,7 @@ def test_subject_format_0_1_keeps_the_built_in_subjects(relay, db, nats_server):
             su.execute("SELECT pg_reload_conf()")
 
 
-def test_a_dropped_layer_table_parks_its_rows_alone(relay, db, nats_server):
+def test_a_layer_whose_table_is_gone_holds_its_rows_until_it_is_released(relay, db, nats_server):
     db.execute("CREATE TABLE public.doomed (id bigint PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL DEFAULT 0, note text)")
     db.execute("SELECT feature_outbox.register_layer('doomed', 'public.doomed', properties => '{note}')")
     db.execute("CREATE TABLE public.renamed (id bigint PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL DEFAULT 0, note text)")
@@ -393,20 +393,48 @@ def test_a_dropped_layer_table_parks_its_rows_alone(relay, db, nats_server):
         with relay.connect() as su:
             su.execute(f"ALTER SYSTEM SET feature_outbox.endpoint = '{nats_server.url}'")
             su.execute("SELECT pg_reload_conf()")
-    parked = lambda: db.execute("""SELECT layer, count(*), min(last_error) FROM feature_outbox.outbox
-                                    WHERE parked_at IS NOT NULL AND layer IN ('doomed', 'renamed') GROUP BY layer ORDER BY layer""").fetchall()
-    got = wait_for(lambda: len(parked()) == 2 and all(n == 2 for _, n, _ in parked()) and parked(), 20, "the two layers' rows to park")
-    errors = {layer: error for layer, _, error in got}
-    assert "was dropped" in errors["doomed"] and "doomed" in errors["doomed"]
-    assert "note" in errors["renamed"] and "renamed" in errors["renamed"]
+    # Both layers are held: their rows wait, unpublished and never parked, and backlog_by_layer says why.
+    held = lambda: dict(db.execute("""SELECT layer, held_reason FROM feature_outbox.backlog_by_layer
+                                        WHERE layer IN ('doomed', 'renamed') AND held_since IS NOT NULL""").fetchall())
+    reasons = wait_for(lambda: len(held()) == 2 and held(), 20, "the two layers to be held")
+    assert "was dropped" in reasons["doomed"] and "release_layer('doomed')" in reasons["doomed"], reasons
+    assert "note" in reasons["renamed"] and "release_layer('renamed')" in reasons["renamed"], reasons
     # The other layers kept flowing.
     ok = db.execute("""SELECT count(*) FROM feature_outbox.outbox WHERE feature_id IN (701, 702)
                         AND layer IN ('features', 'parcels') AND published_at IS NOT NULL""").fetchone()[0]
     assert ok == 4
-    by_layer = dict(db.execute("SELECT layer, parked_rows FROM feature_outbox.backlog_by_layer").fetchall())
-    assert by_layer["doomed"] == 2 and by_layer["renamed"] == 2 and by_layer["parcels"] == 0
-    # unregister_layer refuses while rows wait, and not once they are parked.
     db.execute("SELECT feature_outbox.edit_feature('parcels', 703, %s, 'created')", (BLOCK_A,))
+    wait_for(lambda: db.execute("SELECT published_at IS NOT NULL FROM feature_outbox.outbox WHERE layer = 'parcels' "
+                                "AND feature_id = 703").fetchone()[0], 20, "a later edit of another layer to publish")
+    waiting = db.execute("""SELECT layer, count(*), sum(row_failures), count(parked_at), count(published_at) FROM feature_outbox.outbox
+                             WHERE layer IN ('doomed', 'renamed') GROUP BY layer ORDER BY layer""").fetchall()
+    assert waiting == [("doomed", 2, 0, 0, 0), ("renamed", 2, 0, 0, 0)], "held rows are neither failed nor parked"
+    by_layer = {r[0]: r[1:] for r in db.execute("""SELECT layer, unpublished_rows, failing_rows, parked_rows
+                                                     FROM feature_outbox.backlog_by_layer""").fetchall()}
+    assert by_layer["doomed"] == (2, 0, 0) and by_layer["renamed"] == (2, 0, 0)
+    # unregister_layer refuses while they wait; the events are the only copy.
+    assert fails(db, "SELECT feature_outbox.unregister_layer('doomed')")[0] == "55006"
+    # A release before the table is right again is refused and changes nothing.
+    state, _, hint = fails(db, "SELECT feature_outbox.release_layer('doomed')")
+    assert state == "42P01" and "release_layer('doomed', 'schema.table')" in hint, hint
+    assert fails(db, "SELECT feature_outbox.release_layer('renamed')")[0] == "42804"
+    # The recovery the README gives: put the column back, or restore the table, then release.
+    db.execute("ALTER TABLE public.renamed RENAME COLUMN remark TO note")
+    db.execute("UPDATE public.renamed SET note = 'kept' WHERE id = 1")
+    assert db.execute("SELECT feature_outbox.release_layer('renamed')").fetchone()[0] == 2
+    db.execute("CREATE TABLE public.doomed (id bigint PRIMARY KEY, geom geometry(Point, 4326), version integer NOT NULL DEFAULT 0, note text)")
+    db.execute("INSERT INTO public.doomed VALUES (1, ST_SetSRID(ST_MakePoint(-73.98, 40.75), 4326), 1, 'restored')")
+    assert db.execute("SELECT feature_outbox.release_layer('doomed', 'public.doomed')").fetchone()[0] == 2
+    wait_for(lambda: db.execute("SELECT count(*) FROM feature_outbox.outbox WHERE layer IN ('doomed', 'renamed') "
+                                "AND published_at IS NOT NULL").fetchone()[0] == 4, 20, "the released rows to publish")
+    assert not held()
+    [r1] = events(nats_server, "renamed", 1)
+    assert r1["event"]["properties"] == {"note": "kept"} and r1["event"]["geometry"]["coordinates"] == [-73.98, 40.75]
+    [d1] = events(nats_server, "doomed", 1)
+    assert d1["event"]["properties"] == {"note": "restored"} and d1["event"]["geometry_version"] == 1
+    [d2] = events(nats_server, "doomed", 2)
+    assert d2["event"]["geometry"] is None and d2["event"]["properties"] is None, "a feature the restored table lacks"
+    # Published, the layer may go.
     db.execute("SELECT feature_outbox.unregister_layer('doomed')")
 
 
@@ -614,7 +642,10 @@ def test_a_reused_layer_name_never_publishes_an_older_layers_rows(relay, db, nat
     db.execute("SELECT feature_outbox.unregister_layer('homes')")
     db.execute("SELECT feature_outbox.register_layer('homes', 'public.second_home', properties => '{tag}')")
     db.execute("INSERT INTO public.second_home VALUES (1, 'SRID=4326;POINT(50 60)', 77, 'unrelated')")
-    db.execute("UPDATE feature_outbox.outbox SET published_at = NULL WHERE layer = 'homes'")
+    with db.transaction():
+        db.execute("UPDATE feature_outbox.outbox SET published_at = NULL WHERE layer = 'homes'")
+        # As retry_parked() does: the row is below the claim's low-water mark, and the relay sleeps.
+        db.execute("SELECT feature_outbox._relay_low_water_reset(), feature_outbox._wake_relay_at_commit()")
     parked = wait_for(lambda: db.execute("SELECT last_error FROM feature_outbox.outbox WHERE layer = 'homes' AND parked_at IS NOT NULL").fetchone(),
                       20, "the older layer's row to park")
     assert "earlier layer" in parked[0]

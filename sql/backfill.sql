@@ -40,7 +40,11 @@ DECLARE
     area geometry;
     candidates bigint[];   -- this chunk's live features, in id order
     versions integer[];    -- a user layer's: their versions, read under the row lock
+    gds uuid[];            -- their geometry digests, and properties digests, as stored now
+    pds uuid[];
     missing bigint[];      -- of those, the ones without per-feature state yet
+    drifted bigint[];      -- the ones whose geometry differs from their last event's (or unknown)
+    drifted_points float8[];  -- {lon, lat} of each one's current routing point, flattened
     locked bigint[];       -- the ones whose routing point lies in the area, state locked
     r text[];
     n bigint;
@@ -70,11 +74,13 @@ BEGIN
     ELSE
         -- A user layer's rows are read and locked as the caller, with its rights, before the state:
         -- the order its edits lock them in (the row, then the state), so the two never deadlock.
-        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::integer ORDER BY x[1]::bigint)
-          INTO candidates, versions
-          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text FROM %3$s t WHERE t.%1$I > $1[1]%4$s ORDER BY t.%1$I LIMIT $1[2] FOR SHARE OF t',
+        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::integer ORDER BY x[1]::bigint),
+               array_agg(x[3]::uuid ORDER BY x[1]::bigint), array_agg(x[4]::uuid ORDER BY x[1]::bigint)
+          INTO candidates, versions, gds, pds
+          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text, %5$s FROM %3$s t WHERE t.%1$I > $1[1]%4$s ORDER BY t.%1$I LIMIT $1[2] FOR SHARE OF t',
                                       lay.id_column, lay.version_column, lay.tbl,
-                                      CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END),
+                                      CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END,
+                                      _row_digests_sql(lay.geometry_column, lay.properties::text[])),
                                ARRAY[p_after, p_limit]) x;
     END IF;
     IF candidates IS NULL THEN
@@ -102,28 +108,54 @@ BEGIN
         END IF;
     END IF;
 
+    -- Routing follows the geometry: a row written since its last event (outside the product, see
+    -- drift()) is routed, and chosen for the area, on the geometry it holds now. Its state stays
+    -- the last event's, so that resync() still sends the moved event its old cell needs.
+    IF p_layer <> 'features' THEN
+        drifted := ARRAY(SELECT u.id FROM unnest(candidates, gds) u(id, gd)
+                           JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+                          WHERE s.geometry_digest IS DISTINCT FROM u.gd AND u.id <> ALL(missing) ORDER BY u.id);
+        IF cardinality(drifted) > 0 THEN
+            SELECT array_agg(ARRAY[ST_X(q), ST_Y(q)] ORDER BY x[1]::bigint) INTO drifted_points
+              FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
+                                          lay.id_column, lay.geometry_column, lay.tbl), drifted) x,
+                   _routing_point(x[2]::geometry) q;
+        END IF;
+    END IF;
+
     -- The state of those in the area, locked. For the built-in table the state goes first and the
     -- feature row after it, the order edit_feature locks them in.
     locked := ARRAY(SELECT l.feature_id FROM (
                   SELECT s.feature_id FROM feature_state s
+                    LEFT JOIN (SELECT d.id, drifted_points[d.i][1] AS lon, drifted_points[d.i][2] AS lat
+                                 FROM unnest(drifted) WITH ORDINALITY d(id, i)) d ON d.id = s.feature_id
                    WHERE s.layer = p_layer AND s.feature_id = ANY(candidates)
-                     AND (area IS NULL OR ST_Intersects(area, ST_SetSRID(ST_MakePoint(s.routing_point[1], s.routing_point[2]), 4326)))
+                     AND (area IS NULL OR ST_Intersects(area, ST_SetSRID(ST_MakePoint(coalesce(d.lon, s.routing_point[1]),
+                                                                                      coalesce(d.lat, s.routing_point[2])), 4326)))
                    ORDER BY s.feature_id
                      FOR SHARE OF s) l);
     IF p_layer = 'features' THEN
-        SELECT array_agg(v.id ORDER BY v.id), array_agg(v.version ORDER BY v.id) INTO locked, versions
-          FROM (SELECT f.id, f.version FROM features f WHERE f.id = ANY(locked) AND f.retired_at IS NULL
-                 ORDER BY f.id FOR SHARE OF f) v;
+        SELECT array_agg(v.id ORDER BY v.id), array_agg(v.version ORDER BY v.id), array_agg(v.gd ORDER BY v.id),
+               array_agg(md5('()')::uuid)
+          INTO locked, versions, gds, pds
+          FROM (SELECT f.id, f.version, md5(ST_AsEWKB(f.geom))::uuid AS gd FROM features f
+                 WHERE f.id = ANY(locked) AND f.retired_at IS NULL ORDER BY f.id FOR SHARE OF f) v;
         candidates := locked;
     END IF;
 
-    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
-    SELECT s.feature_id, u.version, 'snapshot', s.routing_key, p_layer
-      FROM unnest(candidates, versions) u(id, version)
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+    SELECT s.feature_id, u.version, 'snapshot',
+           coalesce(_h3_cell(drifted_points[d.i][1], drifted_points[d.i][2], v_res), s.routing_key), p_layer, u.gd, u.pd
+      FROM unnest(candidates, versions, gds, pds) u(id, version, gd, pd)
       JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+      LEFT JOIN unnest(drifted) WITH ORDINALITY d(id, i) ON d.id = u.id
      WHERE u.id = ANY(locked)
      ORDER BY u.id;
     GET DIAGNOSTICS n = ROW_COUNT;
+    -- A feature whose state this chunk started now has an event: the snapshot, with its digests.
+    UPDATE feature_state s SET geometry_digest = u.gd, properties_digest = u.pd, version = u.version, last_event = 'snapshot'
+      FROM unnest(candidates, versions, gds, pds) u(id, version, gd, pd)
+     WHERE s.layer = p_layer AND s.feature_id = u.id AND u.id = ANY(missing) AND u.id = ANY(locked);
     IF n > 0 THEN
         PERFORM _wake_relay_at_commit();
     END IF;

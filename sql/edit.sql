@@ -79,6 +79,20 @@ BEGIN
 END
 $$;
 
+-- The digest of a layer row's registered properties, ROW(t.p1, t.p2, ...) in their registered order
+-- (ROW() for none): md5 of its text form, 16 bytes as uuid. The settings that change how values
+-- print (time zone, date, interval and float styles, bytea) are fixed, so every session computes
+-- the same digest for the same values. Change detection, not security: the rows are the caller's.
+CREATE FUNCTION _properties_digest(r record) RETURNS uuid
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET "TimeZone" = 'UTC' SET "DateStyle" = 'ISO, YMD' SET "IntervalStyle" = 'postgres'
+SET extra_float_digits = 1 SET bytea_output = 'hex'
+AS $$
+BEGIN
+    RETURN md5(r::text)::uuid;
+END
+$$;
+
 -- The write path behind every edit_feature form and record_edit. p_layer: a registered layer
 -- ('features' is the built-in table). p_wkb: the geometry's (E)WKB when the caller has it already
 -- (the GeoJSON form), else NULL. p_properties: registered columns to set. p_record: record_edit,
@@ -110,6 +124,7 @@ DECLARE
     store_crs text;       -- auth_name:auth_srid of the column's SRID, when the input is in another
     w text[];             -- _layer_write: {new version, row version}
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
+    v_digest uuid;        -- the built-in layer's: digest of the geometry written
     bad text;
     keys text[];          -- the keys of p_properties
     r text[];             -- a row read from the layer's table, as the caller
@@ -129,9 +144,12 @@ BEGIN
         -- Shared with every edit of this layer; unregister_layer takes it exclusively, so a layer
         -- cannot go while an edit of it has yet to commit, and the lookup below sees it gone.
         PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
-        -- One statement for both: the layer, and whether the feature has its state yet.
-        SELECT r.*, EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state
-          INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+        -- One statement for all: the layer, whether the feature has its state yet, and the digest of
+        -- the geometry its last event recorded.
+        SELECT r.*, s.feature_id IS NOT NULL AS has_state, s.geometry_digest AS state_digest
+          INTO lay FROM layer_registry r
+          LEFT JOIN feature_state s ON s.layer = p_layer AND s.feature_id = p_feature_id
+         WHERE r.layer = p_layer;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
                 HINT = format('Registered layers: %s. Add one with register_layer().',
@@ -271,13 +289,14 @@ BEGIN
 
     IF NOT user_layer THEN
         IF p_event_type = 'created' THEN
+            v_digest := md5(ST_AsEWKB(g))::uuid;
             WITH f AS (
                 INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
                 ON CONFLICT (id) DO NOTHING
                 RETURNING f.version
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
-            SELECT p_feature_id, f.version, 'created', new_key, 'features' FROM f
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+            SELECT p_feature_id, f.version, 'created', new_key, 'features', v_digest, md5('()')::uuid FROM f
             RETURNING feature_version INTO new_version;
             IF new_version IS NULL THEN
                 SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
@@ -289,12 +308,15 @@ BEGIN
                 RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
                     HINT = 'Send a moved event to change it.';
             END IF;
-            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox,
+                                            geometry_digest, properties_digest, version, last_event)
+            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6], v_digest, md5('()')::uuid, 1, 'created')
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
-                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
+                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL,
+                   geometry_digest = EXCLUDED.geometry_digest, properties_digest = EXCLUDED.properties_digest,
+                   version = 1, last_event = 'created';
         ELSE
             FOR attempt IN 1..2 LOOP
                 -- One statement writes state, feature and outbox row. The state row goes first: its lock
@@ -307,13 +329,18 @@ BEGIN
                            routing_key = coalesce(new_key, s.routing_key),
                            h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                            routing_point = coalesce(v_point, s.routing_point),
-                           bbox = coalesce(facts[3:6], s.bbox)
+                           bbox = coalesce(facts[3:6], s.bbox),
+                           -- features.geom is g exactly; the state's row lock orders the version read.
+                           geometry_digest = CASE WHEN g IS NULL THEN s.geometry_digest ELSE md5(ST_AsEWKB(g))::uuid END,
+                           properties_digest = md5('()')::uuid,
+                           version = (SELECT f.version + 1 FROM features f WHERE f.id = p_feature_id),
+                           last_event = p_event_type
                      WHERE s.layer = 'features' AND s.feature_id = p_feature_id
                     RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                    -- the resolution changed since: the old routing point at the new one
                                    ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
                               END AS previous_key,
-                              s.previous_bbox
+                              s.previous_bbox, s.geometry_digest, s.properties_digest
                 ), f AS (
                     UPDATE features f
                        SET geom = coalesce(g, f.geom),
@@ -322,11 +349,12 @@ BEGIN
                            retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
                       FROM st
                      WHERE f.id = p_feature_id AND f.retired_at IS NULL
-                    RETURNING f.version, st.previous_key, st.previous_bbox
+                    RETURNING f.version, st.previous_key, st.previous_bbox, st.geometry_digest, st.properties_digest
                 )
-                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox,
+                                    geometry_digest, properties_digest)
                 SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features',
-                       f.previous_bbox FROM f
+                       f.previous_bbox, f.geometry_digest, f.properties_digest FROM f
                 RETURNING feature_version INTO new_version;
                 EXIT WHEN new_version IS NOT NULL;
 
@@ -435,11 +463,11 @@ BEGIN
             END IF;
         END IF;
 
-        w := _layer_write(p_layer, CASE WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
+        w := _layer_write_row(p_layer, CASE WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
                                         WHEN p_record THEN 'record_' || p_event_type
                                         ELSE p_event_type END,
                           lay.tbl, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
-                          p_feature_id, store, p_properties::text, keys);
+                          p_feature_id, store, p_properties::text, keys, lay.properties::text[]);
         IF w IS NULL THEN
             r := _as_caller_row(format('SELECT (%s)::text FROM %s t WHERE t.%I = $1',
                                        CASE WHEN lay.retired_column IS NULL THEN 'NULL::timestamptz'
@@ -459,21 +487,35 @@ BEGIN
                 HINT = 'Send a created event first.';
         END IF;
         new_version := w[1]::integer;
+        -- Routing follows the geometry: an updated event carries none, so the row must still hold
+        -- the one its last event recorded. A plain UPDATE that moved it needs a moved event.
+        IF new_key IS NULL AND p_event_type = 'updated' AND lay.state_digest IS NOT NULL
+           AND w[3]::uuid IS DISTINCT FROM lay.state_digest THEN
+            RAISE EXCEPTION 'the geometry of feature % of layer % changed since its last event', p_feature_id, p_layer
+                USING ERRCODE = '22023',
+                DETAIL = 'It was written outside edit_feature and record_edit; an updated event would keep its old routing key.',
+                HINT = format('Send a moved event with its geometry (after the application''s own write: record_edit(%L, %s, ''moved'')), or CALL feature_outbox.resync(%L).',
+                              p_layer, p_feature_id, p_layer);
+        END IF;
         IF fresh AND new_key IS NULL THEN
             RAISE EXCEPTION 'feature % of layer % has no geometry to route its event by', p_feature_id, p_layer
                 USING ERRCODE = '22004', HINT = 'Send a moved event with its geometry.';
         END IF;
 
         IF fresh THEN
-            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version)
-            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2])
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version,
+                                            geometry_digest, properties_digest, version, last_event)
+            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2], w[3]::uuid, w[4]::uuid, new_version,
+                    p_event_type)
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
                    previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL,
-                   row_version = EXCLUDED.row_version;
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
-            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer);
+                   row_version = EXCLUDED.row_version, geometry_digest = EXCLUDED.geometry_digest,
+                   properties_digest = EXCLUDED.properties_digest, version = EXCLUDED.version,
+                   last_event = EXCLUDED.last_event;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer, w[3]::uuid, w[4]::uuid);
         ELSE
             WITH st AS (
                 UPDATE feature_state s
@@ -483,7 +525,9 @@ BEGIN
                        h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                        routing_point = coalesce(v_point, s.routing_point),
                        bbox = coalesce(facts[3:6], s.bbox),
-                       row_version = w[2]
+                       row_version = w[2],
+                       geometry_digest = w[3]::uuid, properties_digest = w[4]::uuid,
+                       version = new_version, last_event = p_event_type
                  WHERE s.layer = p_layer AND s.feature_id = p_feature_id
                 RETURNING s.routing_key,
                           CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
@@ -491,8 +535,10 @@ BEGIN
                           END AS previous_key,
                           s.previous_bbox
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
-            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox FROM st;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox,
+                                geometry_digest, properties_digest)
+            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox,
+                   w[3]::uuid, w[4]::uuid FROM st;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 0 THEN
                 RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';

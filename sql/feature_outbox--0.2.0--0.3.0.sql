@@ -2,9 +2,19 @@
 -- database equals a fresh 0.3.0 one (pg_test/test_upgrade.py). Bodies that changed are repeated here
 -- in full, as the install script has them.
 
+-- Columns: digests of every event and of each feature's last, the last drift count -----------
+
+-- Each event records digests of the row as written; the per-feature state keeps the last event's.
+-- Events and states written before 0.3.0 have none (drift() says unknown; resync() takes them).
+ALTER TABLE outbox ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid;
+ALTER TABLE feature_state ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid,
+                          ADD COLUMN version integer, ADD COLUMN last_event text;
+
 -- Layers: registration_id, column types for the DDL guard ---------------------------------------
 
 ALTER TABLE layer_registry ADD COLUMN column_types text[];
+ALTER TABLE layer_registry ADD COLUMN drift_rows bigint, ADD COLUMN drift_checked_at timestamptz,
+                           ADD COLUMN held_since timestamptz, ADD COLUMN held_reason text;
 -- A layer's registered columns, each with its role: id, geometry, version, retired (when set), then
 -- the properties in their order. The DDL guard and column_types follow this order.
 CREATE FUNCTION _layer_columns(r layer_registry) RETURNS TABLE (col name, role text, ord bigint)
@@ -206,6 +216,7 @@ DECLARE
     store_crs text;       -- auth_name:auth_srid of the column's SRID, when the input is in another
     w text[];             -- _layer_write: {new version, row version}
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
+    v_digest uuid;        -- the built-in layer's: digest of the geometry written
     bad text;
     keys text[];          -- the keys of p_properties
     r text[];             -- a row read from the layer's table, as the caller
@@ -225,9 +236,12 @@ BEGIN
         -- Shared with every edit of this layer; unregister_layer takes it exclusively, so a layer
         -- cannot go while an edit of it has yet to commit, and the lookup below sees it gone.
         PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
-        -- One statement for both: the layer, and whether the feature has its state yet.
-        SELECT r.*, EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state
-          INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+        -- One statement for all: the layer, whether the feature has its state yet, and the digest of
+        -- the geometry its last event recorded.
+        SELECT r.*, s.feature_id IS NOT NULL AS has_state, s.geometry_digest AS state_digest
+          INTO lay FROM layer_registry r
+          LEFT JOIN feature_state s ON s.layer = p_layer AND s.feature_id = p_feature_id
+         WHERE r.layer = p_layer;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
                 HINT = format('Registered layers: %s. Add one with register_layer().',
@@ -367,13 +381,14 @@ BEGIN
 
     IF NOT user_layer THEN
         IF p_event_type = 'created' THEN
+            v_digest := md5(ST_AsEWKB(g))::uuid;
             WITH f AS (
                 INSERT INTO features AS f (id, geom, version) VALUES (p_feature_id, g, 1)
                 ON CONFLICT (id) DO NOTHING
                 RETURNING f.version
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
-            SELECT p_feature_id, f.version, 'created', new_key, 'features' FROM f
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+            SELECT p_feature_id, f.version, 'created', new_key, 'features', v_digest, md5('()')::uuid FROM f
             RETURNING feature_version INTO new_version;
             IF new_version IS NULL THEN
                 SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
@@ -385,12 +400,15 @@ BEGIN
                 RAISE EXCEPTION 'feature % already exists', p_feature_id USING ERRCODE = '23505',
                     HINT = 'Send a moved event to change it.';
             END IF;
-            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
-            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6])
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox,
+                                            geometry_digest, properties_digest, version, last_event)
+            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6], v_digest, md5('()')::uuid, 1, 'created')
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
-                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL;
+                   previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL,
+                   geometry_digest = EXCLUDED.geometry_digest, properties_digest = EXCLUDED.properties_digest,
+                   version = 1, last_event = 'created';
         ELSE
             FOR attempt IN 1..2 LOOP
                 -- One statement writes state, feature and outbox row. The state row goes first: its lock
@@ -403,13 +421,18 @@ BEGIN
                            routing_key = coalesce(new_key, s.routing_key),
                            h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                            routing_point = coalesce(v_point, s.routing_point),
-                           bbox = coalesce(facts[3:6], s.bbox)
+                           bbox = coalesce(facts[3:6], s.bbox),
+                           -- features.geom is g exactly; the state's row lock orders the version read.
+                           geometry_digest = CASE WHEN g IS NULL THEN s.geometry_digest ELSE md5(ST_AsEWKB(g))::uuid END,
+                           properties_digest = md5('()')::uuid,
+                           version = (SELECT f.version + 1 FROM features f WHERE f.id = p_feature_id),
+                           last_event = p_event_type
                      WHERE s.layer = 'features' AND s.feature_id = p_feature_id
                     RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
                                    -- the resolution changed since: the old routing point at the new one
                                    ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
                               END AS previous_key,
-                              s.previous_bbox
+                              s.previous_bbox, s.geometry_digest, s.properties_digest
                 ), f AS (
                     UPDATE features f
                        SET geom = coalesce(g, f.geom),
@@ -418,11 +441,12 @@ BEGIN
                            retired_at = CASE WHEN p_event_type = 'retired' THEN now() END
                       FROM st
                      WHERE f.id = p_feature_id AND f.retired_at IS NULL
-                    RETURNING f.version, st.previous_key, st.previous_bbox
+                    RETURNING f.version, st.previous_key, st.previous_bbox, st.geometry_digest, st.properties_digest
                 )
-                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox,
+                                    geometry_digest, properties_digest)
                 SELECT p_feature_id, f.version, p_event_type, coalesce(new_key, f.previous_key), f.previous_key, 'features',
-                       f.previous_bbox FROM f
+                       f.previous_bbox, f.geometry_digest, f.properties_digest FROM f
                 RETURNING feature_version INTO new_version;
                 EXIT WHEN new_version IS NOT NULL;
 
@@ -531,11 +555,11 @@ BEGIN
             END IF;
         END IF;
 
-        w := _layer_write(p_layer, CASE WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
+        w := _layer_write_row(p_layer, CASE WHEN p_event_type = 'retired' AND lay.retired_column IS NULL THEN 'delete'
                                         WHEN p_record THEN 'record_' || p_event_type
                                         ELSE p_event_type END,
                           lay.tbl, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
-                          p_feature_id, store, p_properties::text, keys);
+                          p_feature_id, store, p_properties::text, keys, lay.properties::text[]);
         IF w IS NULL THEN
             r := _as_caller_row(format('SELECT (%s)::text FROM %s t WHERE t.%I = $1',
                                        CASE WHEN lay.retired_column IS NULL THEN 'NULL::timestamptz'
@@ -555,21 +579,35 @@ BEGIN
                 HINT = 'Send a created event first.';
         END IF;
         new_version := w[1]::integer;
+        -- Routing follows the geometry: an updated event carries none, so the row must still hold
+        -- the one its last event recorded. A plain UPDATE that moved it needs a moved event.
+        IF new_key IS NULL AND p_event_type = 'updated' AND lay.state_digest IS NOT NULL
+           AND w[3]::uuid IS DISTINCT FROM lay.state_digest THEN
+            RAISE EXCEPTION 'the geometry of feature % of layer % changed since its last event', p_feature_id, p_layer
+                USING ERRCODE = '22023',
+                DETAIL = 'It was written outside edit_feature and record_edit; an updated event would keep its old routing key.',
+                HINT = format('Send a moved event with its geometry (after the application''s own write: record_edit(%L, %s, ''moved'')), or CALL feature_outbox.resync(%L).',
+                              p_layer, p_feature_id, p_layer);
+        END IF;
         IF fresh AND new_key IS NULL THEN
             RAISE EXCEPTION 'feature % of layer % has no geometry to route its event by', p_feature_id, p_layer
                 USING ERRCODE = '22004', HINT = 'Send a moved event with its geometry.';
         END IF;
 
         IF fresh THEN
-            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version)
-            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2])
+            INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version,
+                                            geometry_digest, properties_digest, version, last_event)
+            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2], w[3]::uuid, w[4]::uuid, new_version,
+                    p_event_type)
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
                    previous_h3_resolution = NULL, previous_routing_point = NULL, previous_bbox = NULL,
-                   row_version = EXCLUDED.row_version;
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer)
-            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer);
+                   row_version = EXCLUDED.row_version, geometry_digest = EXCLUDED.geometry_digest,
+                   properties_digest = EXCLUDED.properties_digest, version = EXCLUDED.version,
+                   last_event = EXCLUDED.last_event;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer, w[3]::uuid, w[4]::uuid);
         ELSE
             WITH st AS (
                 UPDATE feature_state s
@@ -579,7 +617,9 @@ BEGIN
                        h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                        routing_point = coalesce(v_point, s.routing_point),
                        bbox = coalesce(facts[3:6], s.bbox),
-                       row_version = w[2]
+                       row_version = w[2],
+                       geometry_digest = w[3]::uuid, properties_digest = w[4]::uuid,
+                       version = new_version, last_event = p_event_type
                  WHERE s.layer = p_layer AND s.feature_id = p_feature_id
                 RETURNING s.routing_key,
                           CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
@@ -587,8 +627,10 @@ BEGIN
                           END AS previous_key,
                           s.previous_bbox
             )
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox)
-            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox FROM st;
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox,
+                                geometry_digest, properties_digest)
+            SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox,
+                   w[3]::uuid, w[4]::uuid FROM st;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 0 THEN
                 RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';
@@ -697,7 +739,13 @@ SELECT l.layer,
        CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
            AS oldest_parked_age,
        b.vacuum_held_by_pid,
-       b.vacuum_held_for
+       b.vacuum_held_for,
+       -- drift(): rows that differ from their last event at its last run (resync: rows it left).
+       reg.drift_rows AS drifted_rows,
+       reg.drift_checked_at,
+       -- A held layer's rows wait for release_layer(): why, and since when.
+       reg.held_since,
+       reg.held_reason
   FROM (SELECT r.layer FROM layer_registry r
         UNION
         SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
@@ -716,8 +764,546 @@ SELECT l.layer,
                SELECT o.layer, o.created_at, o.parked_at, o.row_failures FROM outbox o
                 WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o
         GROUP BY o.layer) u ON u.layer = l.layer
+  LEFT JOIN layer_registry reg ON reg.layer = l.layer
  CROSS JOIN backlog b;
 COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
+
+-- Digests, drift and resync (issue 20: routing follows the geometry, drift shown and repaired) ------
+
+-- The digest of a layer row's registered properties, ROW(t.p1, t.p2, ...) in their registered order
+-- (ROW() for none): md5 of its text form, 16 bytes as uuid. The settings that change how values
+-- print (time zone, date, interval and float styles, bytea) are fixed, so every session computes
+-- the same digest for the same values. Change detection, not security: the rows are the caller's.
+CREATE FUNCTION _properties_digest(r record) RETURNS uuid
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET "TimeZone" = 'UTC' SET "DateStyle" = 'ISO, YMD' SET "IntervalStyle" = 'postgres'
+SET extra_float_digits = 1 SET bytea_output = 'hex'
+AS $$
+BEGIN
+    RETURN md5(r::text)::uuid;
+END
+$$;
+
+
+-- The layer write returns the row's digests; 0.2.0's _layer_write goes (its symbol stays).
+DROP FUNCTION _layer_write(text, text, oid, text, text, text, text, bigint, anyelement, text, text[]);
+CREATE  FUNCTION "_layer_write_row"(
+	"layer" TEXT, /* & str */
+	"op" TEXT, /* & str */
+	"tbl" oid, /* pg_sys :: Oid */
+	"id_column" TEXT, /* & str */
+	"geometry_column" TEXT, /* & str */
+	"version_column" TEXT, /* & str */
+	"retired_column" TEXT, /* Option < & str > */
+	"feature_id" bigint, /* i64 */
+	"geometry" anyelement, /* Option < AnyElement > */
+	"properties" TEXT, /* Option < & str > */
+	"keys" TEXT[], /* :: std :: option :: Option < Vec < String > > */
+	"registered" TEXT[] /* :: std :: option :: Option < Vec < String > > */
+) RETURNS TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
+VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_layer_write_row_wrapper';
+CREATE  FUNCTION "_row_digests_sql"(
+	"geometry_column" TEXT, /* & str */
+	"properties" TEXT[] /* Vec < String > */
+) RETURNS TEXT /* String */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_row_digests_sql_wrapper';
+REVOKE ALL ON FUNCTION _layer_write_row(text, text, oid, text, text, text, text, bigint, anyelement, text, text[], text[]) FROM PUBLIC;
+
+-- backfill routes a row written since its last event on the geometry it holds now.
+CREATE OR REPLACE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after bigint, p_limit integer) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    lay layer_registry;
+    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
+    area geometry;
+    candidates bigint[];   -- this chunk's live features, in id order
+    versions integer[];    -- a user layer's: their versions, read under the row lock
+    gds uuid[];            -- their geometry digests, and properties digests, as stored now
+    pds uuid[];
+    missing bigint[];      -- of those, the ones without per-feature state yet
+    drifted bigint[];      -- the ones whose geometry differs from their last event's (or unknown)
+    drifted_points float8[];  -- {lon, lat} of each one's current routing point, flattened
+    locked bigint[];       -- the ones whose routing point lies in the area, state locked
+    r text[];
+    n bigint;
+BEGIN
+    IF NOT has_function_privilege(caller, 'feature_outbox.backfill(text, geometry, bigint)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for procedure backfill' USING ERRCODE = '42501',
+            HINT = 'Snapshots reach every subscriber: GRANT EXECUTE ON PROCEDURE feature_outbox.backfill TO the role, as its owner.';
+    END IF;
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    IF p_area IS NOT NULL THEN
+        IF ST_SRID(p_area) = 0 THEN
+            RAISE EXCEPTION 'area has no SRID' USING ERRCODE = '22023',
+                HINT = 'Give it one, e.g. ST_SetSRID(area, 4326) for longitude/latitude degrees.';
+        END IF;
+        area := ST_Transform(p_area, 4326);
+    END IF;
+    -- As edits do: unregister_layer waits for this chunk, and this chunk for it.
+    PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
+
+    IF p_layer = 'features' THEN
+        SELECT array_agg(c.id ORDER BY c.id) INTO candidates
+          FROM (SELECT f.id FROM features f WHERE f.id > p_after AND f.retired_at IS NULL ORDER BY f.id LIMIT p_limit) c;
+    ELSE
+        -- A user layer's rows are read and locked as the caller, with its rights, before the state:
+        -- the order its edits lock them in (the row, then the state), so the two never deadlock.
+        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::integer ORDER BY x[1]::bigint),
+               array_agg(x[3]::uuid ORDER BY x[1]::bigint), array_agg(x[4]::uuid ORDER BY x[1]::bigint)
+          INTO candidates, versions, gds, pds
+          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text, %5$s FROM %3$s t WHERE t.%1$I > $1[1]%4$s ORDER BY t.%1$I LIMIT $1[2] FOR SHARE OF t',
+                                      lay.id_column, lay.version_column, lay.tbl,
+                                      CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END,
+                                      _row_digests_sql(lay.geometry_column, lay.properties::text[])),
+                               ARRAY[p_after, p_limit]) x;
+    END IF;
+    IF candidates IS NULL THEN
+        RETURN ARRAY[NULL, 0]::bigint[];
+    END IF;
+
+    -- Features without per-feature state (written before 0.2.0, or before the layer was registered):
+    -- their state from the stored geometry, as their next edit would fill it. A stored geometry the
+    -- edit path cannot route (NULL, empty) gets no state and no snapshot.
+    missing := ARRAY(SELECT c FROM unnest(candidates) c
+                      WHERE NOT EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = c));
+    IF cardinality(missing) > 0 THEN
+        FOR r IN
+            SELECT ARRAY[f.id::text, ST_AsHEXEWKB(f.geom)] FROM features f WHERE p_layer = 'features' AND f.id = ANY(missing)
+        LOOP
+            PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+        END LOOP;
+        IF p_layer <> 'features' THEN
+            FOR r IN
+                SELECT x FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
+                                                     lay.id_column, lay.geometry_column, lay.tbl), missing) x
+            LOOP
+                PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+            END LOOP;
+        END IF;
+    END IF;
+
+    -- Routing follows the geometry: a row written since its last event (outside the product, see
+    -- drift()) is routed, and chosen for the area, on the geometry it holds now. Its state stays
+    -- the last event's, so that resync() still sends the moved event its old cell needs.
+    IF p_layer <> 'features' THEN
+        drifted := ARRAY(SELECT u.id FROM unnest(candidates, gds) u(id, gd)
+                           JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+                          WHERE s.geometry_digest IS DISTINCT FROM u.gd AND u.id <> ALL(missing) ORDER BY u.id);
+        IF cardinality(drifted) > 0 THEN
+            SELECT array_agg(ARRAY[ST_X(q), ST_Y(q)] ORDER BY x[1]::bigint) INTO drifted_points
+              FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
+                                          lay.id_column, lay.geometry_column, lay.tbl), drifted) x,
+                   _routing_point(x[2]::geometry) q;
+        END IF;
+    END IF;
+
+    -- The state of those in the area, locked. For the built-in table the state goes first and the
+    -- feature row after it, the order edit_feature locks them in.
+    locked := ARRAY(SELECT l.feature_id FROM (
+                  SELECT s.feature_id FROM feature_state s
+                    LEFT JOIN (SELECT d.id, drifted_points[d.i][1] AS lon, drifted_points[d.i][2] AS lat
+                                 FROM unnest(drifted) WITH ORDINALITY d(id, i)) d ON d.id = s.feature_id
+                   WHERE s.layer = p_layer AND s.feature_id = ANY(candidates)
+                     AND (area IS NULL OR ST_Intersects(area, ST_SetSRID(ST_MakePoint(coalesce(d.lon, s.routing_point[1]),
+                                                                                      coalesce(d.lat, s.routing_point[2])), 4326)))
+                   ORDER BY s.feature_id
+                     FOR SHARE OF s) l);
+    IF p_layer = 'features' THEN
+        SELECT array_agg(v.id ORDER BY v.id), array_agg(v.version ORDER BY v.id), array_agg(v.gd ORDER BY v.id),
+               array_agg(md5('()')::uuid)
+          INTO locked, versions, gds, pds
+          FROM (SELECT f.id, f.version, md5(ST_AsEWKB(f.geom))::uuid AS gd FROM features f
+                 WHERE f.id = ANY(locked) AND f.retired_at IS NULL ORDER BY f.id FOR SHARE OF f) v;
+        candidates := locked;
+    END IF;
+
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+    SELECT s.feature_id, u.version, 'snapshot',
+           coalesce(_h3_cell(drifted_points[d.i][1], drifted_points[d.i][2], v_res), s.routing_key), p_layer, u.gd, u.pd
+      FROM unnest(candidates, versions, gds, pds) u(id, version, gd, pd)
+      JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+      LEFT JOIN unnest(drifted) WITH ORDINALITY d(id, i) ON d.id = u.id
+     WHERE u.id = ANY(locked)
+     ORDER BY u.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    -- A feature whose state this chunk started now has an event: the snapshot, with its digests.
+    UPDATE feature_state s SET geometry_digest = u.gd, properties_digest = u.pd, version = u.version, last_event = 'snapshot'
+      FROM unnest(candidates, versions, gds, pds) u(id, version, gd, pd)
+     WHERE s.layer = p_layer AND s.feature_id = u.id AND u.id = ANY(missing) AND u.id = ANY(locked);
+    IF n > 0 THEN
+        PERFORM _wake_relay_at_commit();
+    END IF;
+    RETURN ARRAY[(SELECT max(c) FROM unnest(candidates) c), n];
+END
+$$;
+
+
+-- drift() and resync() (sql/drift.sql).
+-- What differs between a row and its feature's state. has_state: the feature has a state row;
+-- last_event: its last event's type (NULL: written before 0.3.0); gd/pd: the row's digests now;
+-- live: the row exists and is not retired (NULL: it does not exist). NULL when nothing differs.
+CREATE FUNCTION __drift_change(has_state boolean, last_event text, state_gd uuid, state_pd uuid,
+                               gd uuid, pd uuid, live boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN NOT has_state THEN CASE WHEN live THEN 'no_event' END
+        WHEN NOT coalesce(live, false) THEN CASE WHEN last_event <> 'retired' THEN 'gone' END
+        WHEN last_event IS NULL THEN 'unknown'
+        WHEN last_event = 'retired' THEN NULL
+        WHEN state_gd IS DISTINCT FROM gd AND state_pd IS DISTINCT FROM pd THEN 'both'
+        WHEN state_gd IS DISTINCT FROM gd THEN 'geometry'
+        WHEN state_pd IS DISTINCT FROM pd THEN 'properties'
+    END
+$$;
+
+-- One chunk of the pass: the layer's rows with ids above p_after, p_limit of them in id order (read
+-- as the caller, with its rights), and the state rows of the same id range. next_after: the last id
+-- read when the chunk was full, NULL when the table is done.
+CREATE FUNCTION __drift_rows(lay layer_registry, p_after bigint, p_limit integer,
+                             OUT next_after bigint, OUT ids bigint[], OUT changes text[])
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    rid bigint[];
+    rgd uuid[];
+    rpd uuid[];
+    rlive boolean[];
+BEGIN
+    IF lay.layer = 'features' THEN
+        SELECT array_agg(f.id ORDER BY f.id), array_agg(f.gd ORDER BY f.id), array_agg(f.pd ORDER BY f.id),
+               array_agg(f.live ORDER BY f.id)
+          INTO rid, rgd, rpd, rlive
+          FROM (SELECT f.id, md5(ST_AsEWKB(f.geom))::uuid AS gd, md5('()')::uuid AS pd, f.retired_at IS NULL AS live
+                  FROM features f WHERE f.id > p_after ORDER BY f.id LIMIT p_limit) f;
+    ELSE
+        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::uuid ORDER BY x[1]::bigint),
+               array_agg(x[3]::uuid ORDER BY x[1]::bigint), array_agg(x[4]::boolean ORDER BY x[1]::bigint)
+          INTO rid, rgd, rpd, rlive
+          FROM _as_caller_rows(format('SELECT t.%1$I::text, %2$s, (%3$s)::text FROM %4$s t WHERE t.%1$I > $1[1] ORDER BY t.%1$I LIMIT $1[2]',
+                                      lay.id_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
+                                      CASE WHEN lay.retired_column IS NULL THEN 'true'
+                                           ELSE format('t.%I IS NULL', lay.retired_column) END,
+                                      lay.tbl),
+                               ARRAY[p_after, p_limit]) x;
+    END IF;
+    IF coalesce(cardinality(rid), 0) >= p_limit THEN
+        next_after := rid[cardinality(rid)];
+    END IF;
+    SELECT array_agg(c.id ORDER BY c.id), array_agg(c.change ORDER BY c.id) INTO ids, changes
+      FROM (SELECT coalesce(u.id, s.feature_id) AS id,
+                   __drift_change(s.feature_id IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest,
+                                  u.gd, u.pd, u.live) AS change
+              FROM unnest(rid, rgd, rpd, rlive) u(id, gd, pd, live)
+              FULL JOIN (SELECT * FROM feature_state s
+                          WHERE s.layer = lay.layer AND s.feature_id > p_after
+                            AND (next_after IS NULL OR s.feature_id <= next_after)) s ON s.feature_id = u.id) c
+     WHERE c.change IS NOT NULL;
+END
+$$;
+
+-- The layer for drift() and resync(), checked as their chunks run: registered, and the caller may
+-- execute `what`.
+CREATE FUNCTION __drift_layer(p_layer text, what text) RETURNS layer_registry
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    lay layer_registry;
+BEGIN
+    IF NOT has_function_privilege(_caller_role(), what, 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for %', what USING ERRCODE = '42501',
+            HINT = format('GRANT EXECUTE ON %s TO the role, as the extension''s owner.', what);
+    END IF;
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    RETURN lay;
+END
+$$;
+
+-- The body of one drift() chunk, run as the extension's owner by the C entry _drift_chunk.
+-- p_found: rows found by the chunks before; the last chunk records the total in layer_registry.
+-- Returns {next id to start after (NULL: done), then id, change, id, change, ...}.
+CREATE FUNCTION __drift_chunk(p_layer text, p_after bigint, p_limit integer, p_found bigint) RETURNS text[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    lay layer_registry := __drift_layer(p_layer, 'feature_outbox.drift(text)');
+    d record;
+BEGIN
+    d := __drift_rows(lay, p_after, p_limit);
+    IF d.next_after IS NULL THEN
+        UPDATE layer_registry l SET drift_rows = p_found + coalesce(cardinality(d.ids), 0), drift_checked_at = now()
+         WHERE l.layer = p_layer;
+    END IF;
+    RETURN ARRAY[d.next_after::text]
+           || coalesce((SELECT array_agg(v ORDER BY i, k) FROM unnest(d.ids, d.changes) WITH ORDINALITY u(id, change, i),
+                               LATERAL (VALUES (1, u.id::text), (2, u.change)) p(k, v)), '{}');
+END
+$$;
+
+CREATE FUNCTION _drift_chunk(layer text, after bigint, chunk integer, found bigint) RETURNS text[]
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+COMMENT ON FUNCTION _drift_chunk(text, bigint, integer, bigint) IS
+    'One chunk of drift(); callable only by roles that may execute drift.';
+
+CREATE FUNCTION drift(layer text) RETURNS TABLE (feature_id bigint, change text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    after bigint := -9223372036854775808;
+    found bigint := 0;
+    r text[];
+BEGIN
+    LOOP
+        r := feature_outbox._drift_chunk(layer, after, 1000, found);
+        FOR i IN 1 .. (cardinality(r) - 1) / 2 LOOP
+            feature_id := r[2 * i]::bigint;
+            change := r[2 * i + 1];
+            found := found + 1;
+            RETURN NEXT;
+        END LOOP;
+        EXIT WHEN r[1] IS NULL;
+        after := r[1]::bigint;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION drift(text) IS
+    'The rows of a layer that differ from their last event, read as the caller in one pass (1,000 rows a chunk): '
+    'change is geometry, properties or both (digests differ), no_event (a live row without one), gone (deleted or '
+    'retired without a retired event) or unknown (last event written before 0.3.0). Records the count in '
+    'backlog_by_layer.drifted_rows. EXECUTE is not granted to PUBLIC.';
+
+-- The body of one resync() chunk, run as the extension's owner by the C entry _resync_chunk. Scans
+-- p_limit rows above p_after; locks the drifted ones (SKIP LOCKED: a row an edit holds is left for
+-- a later run), and writes each one's missing event until p_hold_ms / 2 have passed since the
+-- locks were taken, so that no editor waits longer than about p_hold_ms. p_left: rows left by the
+-- chunks before. Returns {next id to start after (NULL: done), events written, rows left}.
+CREATE FUNCTION __resync_chunk(p_layer text, p_after bigint, p_limit integer, p_hold_ms integer, p_left bigint)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    lay layer_registry := __drift_layer(p_layer, 'feature_outbox.resync(text, integer, bigint, bigint)');
+    d record;
+    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
+    lid bigint[];         -- the locked rows: ids, geometries (HEXEWKB), digests and liveness
+    lgeom text[];
+    lgd uuid[];
+    lpd uuid[];
+    llive boolean[];
+    lver integer[];
+    present bigint[];     -- drifted rows that exist but could not be locked
+    s feature_state;
+    k integer;            -- the row's position in lid
+    change text;
+    id bigint;
+    locked_at timestamptz;
+    written bigint := 0;
+    left_over bigint := 0;
+    next_after bigint;
+BEGIN
+    IF p_layer = 'features' THEN
+        RAISE EXCEPTION 'resync serves user layers' USING ERRCODE = '0A000',
+            HINT = 'Only a superuser can write feature_outbox.features outside edit_feature: repair a row with edit_feature(id, geometry, ''moved'').';
+    END IF;
+    IF p_hold_ms IS NULL OR p_hold_ms < 1 THEN
+        RAISE EXCEPTION 'max_hold_ms must be at least 1, not %', coalesce(p_hold_ms::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
+    d := __drift_rows(lay, p_after, p_limit);
+    next_after := d.next_after;
+    IF cardinality(d.ids) > 0 THEN
+        locked_at := clock_timestamp();
+        -- The rows, locked as edits lock them (the row, then its state), read again under the lock:
+        -- an edit that committed since the scan may have sent the event already.
+        SELECT coalesce(array_agg(x[1]::bigint), '{}'), array_agg(x[2]), array_agg(x[3]::uuid), array_agg(x[4]::uuid),
+               array_agg(x[5]::boolean), array_agg(x[6]::integer)
+          INTO lid, lgeom, lgd, lpd, llive, lver
+          FROM _as_caller_rows(
+                   format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1) ORDER BY t.%1$I FOR UPDATE OF t SKIP LOCKED',
+                          lay.id_column, lay.geometry_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
+                          CASE WHEN lay.retired_column IS NULL THEN 'true' ELSE format('t.%I IS NULL', lay.retired_column) END,
+                          lay.tbl, lay.version_column), d.ids) x;
+        present := ARRAY(SELECT x[1]::bigint FROM _as_caller_rows(format('SELECT t.%1$I::text FROM %2$s t WHERE t.%1$I = ANY($1)',
+                                                                         lay.id_column, lay.tbl),
+                                                                  ARRAY(SELECT i FROM unnest(d.ids) i WHERE i <> ALL(lid))) x);
+        FOREACH id IN ARRAY d.ids LOOP
+            IF clock_timestamp() - locked_at > make_interval(secs => p_hold_ms / 2000.0) THEN
+                next_after := id - 1;  -- the rest in the next chunk, after this one commits
+                EXIT;
+            END IF;
+            IF id = ANY(present) THEN  -- an edit holds it: that edit's event, or a later run, covers it
+                left_over := left_over + 1;
+                CONTINUE;
+            END IF;
+            k := array_position(lid, id);
+            SELECT * INTO s FROM feature_state f WHERE f.layer = p_layer AND f.feature_id = id FOR UPDATE;
+            change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest,
+                                     lgd[k], lpd[k], llive[k]);
+            CONTINUE WHEN change IS NULL;
+            BEGIN
+                IF change = 'unknown' THEN
+                    -- Last event before 0.3.0: no digests to compare. The geometry is the one it
+                    -- routed on when its bounding box still matches; take the digests then, else move.
+                    IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
+                          FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(lgeom[k]::geometry, 4326)), true, 4326, NULL))[3:6])
+                               WITH ORDINALITY q(b, j)) THEN
+                        UPDATE feature_state f SET geometry_digest = lgd[k], properties_digest = lpd[k],
+                                                   version = lver[k], last_event = 'baseline'
+                         WHERE f.layer = p_layer AND f.feature_id = id;
+                        CONTINUE;
+                    END IF;
+                    change := 'geometry';
+                END IF;
+                CASE change
+                    WHEN 'no_event' THEN PERFORM _edit(p_layer, id, lgeom[k]::geometry, 'created', NULL, NULL, true);
+                    WHEN 'geometry', 'both' THEN PERFORM _edit(p_layer, id, lgeom[k]::geometry, 'moved', NULL, NULL, true);
+                    WHEN 'properties' THEN PERFORM _edit(p_layer, id, NULL, 'updated', NULL, NULL, true);
+                    ELSE  -- gone
+                        IF k IS NOT NULL THEN  -- retired by hand: the event, as record_edit writes it
+                            PERFORM _edit(p_layer, id, NULL, 'retired', NULL, NULL, true);
+                        ELSE                   -- deleted: nothing to write but the event
+                            UPDATE feature_state f
+                               SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
+                                   previous_routing_point = f.routing_point, previous_bbox = f.bbox,
+                                   version = f.version + 1, last_event = 'retired', row_version = NULL,
+                                   geometry_digest = NULL, properties_digest = NULL
+                             WHERE f.layer = p_layer AND f.feature_id = id;
+                            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
+                                                layer, previous_bbox)
+                            VALUES (id, s.version + 1, 'retired', s.routing_key,
+                                    CASE WHEN s.h3_resolution = v_res THEN s.routing_key
+                                         ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
+                                    p_layer, s.bbox);
+                            PERFORM _wake_relay_for(id);
+                        END IF;
+                END CASE;
+                written := written + 1;
+            EXCEPTION WHEN OTHERS THEN
+                IF SQLSTATE IN ('57014', '57P01', '40P01') THEN  -- cancel, shutdown, deadlock: stop
+                    RAISE;
+                END IF;
+                RAISE WARNING 'resync of feature % of layer % failed: %', id, p_layer, SQLERRM
+                    USING HINT = 'Repair the row, then CALL feature_outbox.resync again.';
+                left_over := left_over + 1;
+            END;
+        END LOOP;
+    END IF;
+    IF next_after IS NULL THEN
+        UPDATE layer_registry l SET drift_rows = p_left + left_over, drift_checked_at = now() WHERE l.layer = p_layer;
+    END IF;
+    RETURN ARRAY[next_after, written, left_over];
+END
+$$;
+
+CREATE FUNCTION _resync_chunk(layer text, after bigint, chunk integer, max_hold_ms integer, left_over bigint) RETURNS bigint[]
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+COMMENT ON FUNCTION _resync_chunk(text, bigint, integer, integer, bigint) IS
+    'One chunk of resync(); callable only by roles that may execute resync.';
+
+-- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
+-- schema-qualified or a built-in.
+CREATE PROCEDURE resync(layer text, max_hold_ms integer DEFAULT 100, INOUT written bigint DEFAULT NULL,
+                        INOUT left_over bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    after bigint := -9223372036854775808;
+    r bigint[];
+BEGIN
+    written := 0;
+    left_over := 0;
+    LOOP
+        r := feature_outbox._resync_chunk(layer, after, 200, max_hold_ms, left_over);
+        written := written + r[2];
+        left_over := left_over + r[3];
+        COMMIT;
+        EXIT WHEN r[1] IS NULL;
+        after := r[1];
+    END LOOP;
+END
+$$;
+COMMENT ON PROCEDURE resync(text, integer, bigint, bigint) IS
+    'Writes the missing event of every row drift() lists (created for no_event, moved for geometry or both, updated for '
+    'properties, retired for gone), with correct previous routing keys, committing in chunks that hold an edit back at '
+    'most about max_hold_ms milliseconds. Returns the events written, and left_over: rows an edit held or that were '
+    'refused (each with a WARNING). CALL it outside a transaction block. EXECUTE is not granted to PUBLIC.';
+
+REVOKE ALL ON FUNCTION drift(text) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE resync(text, integer, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_rows(layer_registry, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_layer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_chunk(text, bigint, integer, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __resync_chunk(text, bigint, integer, integer, bigint) FROM PUBLIC;
+
+-- Held layers: the relay holds a layer whose table or registered columns are gone (sql/layers.sql).
+CREATE FUNCTION release_layer(layer text, tbl regclass DEFAULT NULL) RETURNS bigint
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+
+-- A held layer (the relay found its table or a registered column gone) goes back to the relay once
+-- its table matches the registration again: the same table with the column renamed or added back,
+-- or `tbl`, a table restored or created in its place, whose registered columns have the types
+-- recorded at registration. Its rows then publish, with the content that table holds (none for a
+-- feature it no longer has, as for a deleted row).
+CREATE FUNCTION _release_layer(layer text, tbl regclass) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    r layer_registry;
+    now_types text[];
+    waiting bigint;
+BEGIN
+    SELECT * INTO r FROM layer_registry l WHERE l.layer = _release_layer.layer FOR UPDATE;
+    IF NOT FOUND OR r.layer = 'features' THEN
+        RAISE EXCEPTION 'layer % is not a registered user layer', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    r.tbl := coalesce(tbl, r.tbl);
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = r.tbl) THEN
+        RAISE EXCEPTION 'the table of layer % (OID %) does not exist', layer, r.tbl::oid USING ERRCODE = '42P01',
+            HINT = format('Restore or create it, then SELECT feature_outbox.release_layer(%L, ''schema.table'').', layer);
+    END IF;
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
+       AND NOT pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table % to release layer %', r.tbl, layer USING ERRCODE = '42501';
+    END IF;
+    now_types := _layer_column_types(r);
+    IF now_types IS DISTINCT FROM r.column_types THEN
+        RAISE EXCEPTION 'table % does not have the registered columns of layer %', r.tbl, layer USING ERRCODE = '42804',
+            DETAIL = format('Columns %s have types %s; registered: %s.',
+                            (SELECT string_agg(c.col, ', ' ORDER BY c.ord) FROM _layer_columns(r) c), now_types, r.column_types),
+            HINT = 'Give the table those columns (rename or add them back), then call release_layer again.';
+    END IF;
+    UPDATE layer_registry l SET tbl = r.tbl, held_since = NULL, held_reason = NULL WHERE l.layer = r.layer;
+    SELECT count(*) INTO waiting FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = r.layer;
+    PERFORM _wake_relay_at_commit();
+    RETURN waiting;
+END
+$$;
+COMMENT ON FUNCTION release_layer(text, regclass) IS
+    'Gives a held layer back to the relay once its table (tbl: one restored in its place) has the registered columns; '
+    'returns its waiting rows. For the table''s owner or a superuser; EXECUTE is not granted to PUBLIC.';
+
+REVOKE ALL ON FUNCTION release_layer(text, regclass) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _release_layer(text, regclass) FROM PUBLIC;
 
 -- Privileges: registering layers and metrics() are no longer PUBLIC's ----------------------------
 

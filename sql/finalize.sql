@@ -12,7 +12,7 @@ REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean
 REVOKE ALL ON FUNCTION _record_edit(text, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _unregister_layer(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _layer_write(text, text, oid, text, text, text, text, bigint, anyelement, text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _layer_write_row(text, text, oid, text, text, text, text, bigint, anyelement, text, text[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _as_caller_row(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
 REVOKE ALL ON FUNCTION _as_caller_rows(text, bigint[]) FROM PUBLIC;
@@ -21,10 +21,19 @@ REVOKE ALL ON FUNCTION __backfill_state(text, bigint, geometry, integer) FROM PU
 -- Snapshots reach every subscriber: backfill is the operator's (GRANT EXECUTE to a role that may).
 -- _backfill_chunk stays callable, since backfill runs as its caller; it checks EXECUTE on backfill.
 REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
+-- drift() and resync() are the operator's too; their chunks check EXECUTE on them, as backfill's do.
+REVOKE ALL ON FUNCTION drift(text) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE resync(text, integer, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_rows(layer_registry, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_layer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_chunk(text, bigint, integer, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __resync_chunk(text, bigint, integer, integer, bigint) FROM PUBLIC;
 -- Registering a layer is the table owner's decision, and metrics() reads the relay's health: grant
 -- them to the roles that need them. routing_key() stays public: it computes, it reads nothing.
 REVOKE ALL ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION unregister_layer(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION release_layer(text, regclass) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _release_layer(text, regclass) FROM PUBLIC;
 REVOKE ALL ON FUNCTION metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION metrics() TO pg_monitor;
 REVOKE ALL ON TABLE features, outbox, feature_state, layer_registry FROM PUBLIC;

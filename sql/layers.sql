@@ -229,6 +229,56 @@ $$;
 COMMENT ON FUNCTION unregister_layer(text) IS
     'Removes a layer and its per-feature state. Refuses (55006) while the layer has unpublished, unparked outbox rows.';
 
+CREATE FUNCTION release_layer(layer text, tbl regclass DEFAULT NULL) RETURNS bigint
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+
+-- A held layer (the relay found its table or a registered column gone) goes back to the relay once
+-- its table matches the registration again: the same table with the column renamed or added back,
+-- or `tbl`, a table restored or created in its place, whose registered columns have the types
+-- recorded at registration. Its rows then publish, with the content that table holds (none for a
+-- feature it no longer has, as for a deleted row).
+CREATE FUNCTION _release_layer(layer text, tbl regclass) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    r layer_registry;
+    now_types text[];
+    waiting bigint;
+BEGIN
+    SELECT * INTO r FROM layer_registry l WHERE l.layer = _release_layer.layer FOR UPDATE;
+    IF NOT FOUND OR r.layer = 'features' THEN
+        RAISE EXCEPTION 'layer % is not a registered user layer', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    r.tbl := coalesce(tbl, r.tbl);
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = r.tbl) THEN
+        RAISE EXCEPTION 'the table of layer % (OID %) does not exist', layer, r.tbl::oid USING ERRCODE = '42P01',
+            HINT = format('Restore or create it, then SELECT feature_outbox.release_layer(%L, ''schema.table'').', layer);
+    END IF;
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
+       AND NOT pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table % to release layer %', r.tbl, layer USING ERRCODE = '42501';
+    END IF;
+    now_types := _layer_column_types(r);
+    IF now_types IS DISTINCT FROM r.column_types THEN
+        RAISE EXCEPTION 'table % does not have the registered columns of layer %', r.tbl, layer USING ERRCODE = '42804',
+            DETAIL = format('Columns %s have types %s; registered: %s.',
+                            (SELECT string_agg(c.col, ', ' ORDER BY c.ord) FROM _layer_columns(r) c), now_types, r.column_types),
+            HINT = 'Give the table those columns (rename or add them back), then call release_layer again.';
+    END IF;
+    UPDATE layer_registry l SET tbl = r.tbl, held_since = NULL, held_reason = NULL WHERE l.layer = r.layer;
+    SELECT count(*) INTO waiting FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = r.layer;
+    PERFORM _wake_relay_at_commit();
+    RETURN waiting;
+END
+$$;
+COMMENT ON FUNCTION release_layer(text, regclass) IS
+    'Gives a held layer back to the relay once its table (tbl: one restored in its place) has the registered columns; '
+    'returns its waiting rows. For the table''s owner or a superuser; EXECUTE is not granted to PUBLIC.';
+
 CREATE VIEW layers AS
 SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,
        r.properties, r.srid, r.geometry_type, r.registered_at,

@@ -108,7 +108,13 @@ SELECT l.layer,
        CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
            AS oldest_parked_age,
        b.vacuum_held_by_pid,
-       b.vacuum_held_for
+       b.vacuum_held_for,
+       -- drift(): rows that differ from their last event at its last run (resync: rows it left).
+       reg.drift_rows AS drifted_rows,
+       reg.drift_checked_at,
+       -- A held layer's rows wait for release_layer(): why, and since when.
+       reg.held_since,
+       reg.held_reason
   FROM (SELECT r.layer FROM layer_registry r
         UNION
         SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
@@ -127,6 +133,7 @@ SELECT l.layer,
                SELECT o.layer, o.created_at, o.parked_at, o.row_failures FROM outbox o
                 WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o
         GROUP BY o.layer) u ON u.layer = l.layer
+  LEFT JOIN layer_registry reg ON reg.layer = l.layer
  CROSS JOIN backlog b;
 COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
 

@@ -34,7 +34,12 @@ CREATE TABLE outbox (
     layer                text        NOT NULL,
     -- Bounding box of the geometry before this edit, {west, south, east, north} in EPSG:4326 degrees
     -- (RFC 7946 §5), from the per-feature state at write time; NULL for created and snapshot.
-    previous_bbox        float8[]
+    previous_bbox        float8[],
+    -- Digests of the row as this edit wrote it (md5, 16 bytes as uuid): of its geometry's EWKB and of
+    -- its registered properties (_properties_digest). drift() compares a row with its last event's.
+    -- NULL for events written before 0.3.0.
+    geometry_digest      uuid,
+    properties_digest    uuid
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';
@@ -76,6 +81,13 @@ CREATE TABLE feature_state (
     -- The user-table row version (tableoid:ctid:xmin) the last event was recorded for, so that
     -- record_edit refuses a second event for an unchanged row. NULL for the built-in layer.
     row_version             text,
+    -- The last event's digests (see outbox), version and type. NULL for a feature whose last event
+    -- was written before 0.3.0 (drift() reports it 'unknown' until resync takes its digests, and
+    -- last_event is then 'baseline').
+    geometry_digest         uuid,
+    properties_digest       uuid,
+    version                 integer,
+    last_event              text,
     PRIMARY KEY (layer, feature_id)
 );
 COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution, routing point and bounding box, now and before the last edit.';
@@ -98,7 +110,15 @@ CREATE TABLE layer_registry (
     registered_at    timestamptz NOT NULL DEFAULT now(),
     -- format_type of each registered column (_layer_columns order) at registration; the DDL guard
     -- (sql/ddl_guard.sql) refuses an ALTER TABLE after which they differ. NULL for the built-in table.
-    column_types     text[]
+    column_types     text[],
+    -- drift()'s last count of rows that differ from their last event, and when it ran (resync's
+    -- rows left over count too).
+    drift_rows       bigint,
+    drift_checked_at timestamptz,
+    -- Set by the relay when the layer's table or a registered column is gone (dropped past the DDL
+    -- guard): its rows wait, unpublished and unparked, until release_layer() clears these.
+    held_since       timestamptz,
+    held_reason      text
 );
 COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
 INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, retired_column, srid, geometry_type)

@@ -1,7 +1,10 @@
 //! The relay's claim: one batch of outbox rows locked FOR UPDATE ... SKIP LOCKED, then, for each
 //! layer in the batch, one bounded read of its table for the claimed features' current rows. Each
-//! layer's read runs in its own subtransaction: a table that was dropped or altered fails its own
-//! rows (row-level, so they retry and park with the reason as last_error) and no other layer's.
+//! layer's read runs in its own subtransaction, so a layer that cannot be read stops no other. A
+//! layer whose table or registered columns are gone (dropped past the DDL guard: a superuser's
+//! repair, single-user mode) is held: its rows wait, unpublished and never parked, until
+//! release_layer() (sql/layers.sql), and the claim skips them. Any other read error fails the
+//! layer's rows row-level, so they retry and park with the reason as last_error.
 
 use std::collections::HashMap;
 
@@ -33,6 +36,7 @@ SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.
  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
    AND ($3 <= 1 OR (hashint8(o.feature_id) & 2147483647) % $3 = $4)
+   AND o.layer <> ALL (ARRAY(SELECT h.layer FROM feature_outbox.layer_registry h WHERE h.held_since IS NOT NULL))
    AND NOT EXISTS (SELECT 1 FROM feature_outbox.outbox w
                     WHERE w.published_at IS NULL AND w.next_attempt_at IS NOT NULL AND w.parked_at IS NULL
                       AND w.feature_id = o.feature_id AND w.next_attempt_at > now() AND w.layer = o.layer
@@ -117,20 +121,36 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
         let read = read_layers(client, &mut rows);
         unsafe { pg_sys::PopActiveSnapshot() };
-        read?;
+        let held = read?;
+        // Held layers' rows stay as they are; their locks go with this transaction.
+        rows.retain(|r| !held.contains(&r.layer));
     }
     Ok(rows)
 }
 
+/// Whether a failed layer read means the layer's table no longer matches its registration: a
+/// table, column, type or function the read names is gone (42P01, 42703, 42804, 42883). Such a
+/// layer is held rather than failing its rows, which no retry could deliver.
+fn holds(code: PgSqlErrorCode) -> bool {
+    matches!(
+        code,
+        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE
+            | PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN
+            | PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH
+            | PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION
+    )
+}
+
 /// Fills in geometry, version and properties of each row from its layer's table: one query per
-/// layer, in its own subtransaction. A layer that cannot be read sets `read_error` on its rows.
-fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), String> {
+/// layer, in its own subtransaction. A layer that cannot be read sets `read_error` on its rows, or
+/// is held (see `holds`): recorded in layer_registry (held_since, held_reason) and returned.
+fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<String>, String> {
     let mut names: Vec<String> = rows.iter().map(|r| r.layer.clone()).collect();
     names.sort();
     names.dedup();
     let registry = client.select(LAYERS_SQL, None, &[names.clone().into()]).map_err(text)?;
-    // layer -> (since_id, table owner, read statement), or why it cannot be read
-    let mut reads: HashMap<String, Result<(i64, pg_sys::Oid, String), String>> = HashMap::new();
+    // layer -> (since_id, table owner, read statement), or why it cannot be read and whether that holds it
+    let mut reads: HashMap<String, Result<(i64, pg_sys::Oid, String), (String, bool)>> = HashMap::new();
     for r in registry {
         let layer = r.get::<String>(1).map_err(text)?.unwrap_or_default();
         let exists = r.get::<bool>(2).map_err(text)?.unwrap_or(false);
@@ -141,17 +161,26 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), Strin
         let read = if exists {
             Ok((since, owner, sql))
         } else {
-            Err(format!("layer \"{layer}\": its table (OID {oid}) was dropped; register the layer again or unregister_layer('{layer}')"))
+            Err((format!("its table (OID {oid}) was dropped"), true))
         };
         reads.insert(layer, read);
     }
+    let mut held = Vec::new();
     for layer in names {
-        let read = reads.remove(&layer).unwrap_or_else(|| Err(format!("layer \"{layer}\" is not registered")));
+        let read = reads.remove(&layer).unwrap_or_else(|| Err((format!("layer \"{layer}\" is not registered"), false)));
         let since = read.as_ref().map(|(since, _, _)| *since).unwrap_or(0);
         let ids: Vec<i64> = rows.iter().filter(|r| r.layer == layer && r.id >= since).map(|r| r.feature_id).collect();
         let current = read.and_then(|(_, owner, sql)| {
-            read_layer(&sql, owner, ids).map_err(|e| format!("layer \"{layer}\": cannot read its table: {e}"))
+            read_layer(&sql, owner, ids).map_err(|f| (format!("cannot read its table: {}", f.message), holds(f.code)))
         });
+        let current = match current {
+            Err((reason, true)) => {
+                hold(client, &layer, &reason)?;
+                held.push(layer);
+                continue;
+            }
+            other => other.map_err(|(reason, _)| format!("layer \"{layer}\": {reason}")),
+        };
         for row in rows.iter_mut().filter(|r| r.layer == layer) {
             if row.id < since {
                 row.read_error = Some(format!(
@@ -176,12 +205,26 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<(), Strin
             }
         }
     }
-    Ok(())
+    Ok(held)
+}
+
+/// Holds `layer`: the claim skips its rows from the next batch on, until release_layer().
+fn hold(client: &mut SpiClient<'_>, layer: &str, reason: &str) -> Result<(), String> {
+    let why = format!("{reason}; restore it, then SELECT feature_outbox.release_layer('{layer}') (see README, Layers)");
+    log!("feature_outbox relay: layer \"{layer}\" is held, its rows wait: {why}");
+    client
+        .update(
+            "UPDATE feature_outbox.layer_registry SET held_since = coalesce(held_since, now()), held_reason = $2 WHERE layer = $1",
+            None,
+            &[layer.into(), why.as_str().into()],
+        )
+        .map(|_| ())
+        .map_err(text)
 }
 
 /// Reads one layer's rows as the table's owner, in a restricted context, as PostgreSQL runs VACUUM
 /// and ANALYZE: code the owner controls (casts, to_jsonb of their types) runs with their rights only.
-fn read_layer(sql: &str, owner: pg_sys::Oid, ids: Vec<i64>) -> Result<HashMap<i64, Current>, String> {
+fn read_layer(sql: &str, owner: pg_sys::Oid, ids: Vec<i64>) -> Result<HashMap<i64, Current>, subxact::Failure> {
     let context = crate::roles::current().context;
     let _owner = crate::roles::As::enter(owner, context, pg_sys::SECURITY_RESTRICTED_OPERATION);
     subxact::run(|| {
@@ -199,5 +242,4 @@ fn read_layer(sql: &str, owner: pg_sys::Oid, ids: Vec<i64>) -> Result<HashMap<i6
             by_id
         })
     })
-    .map_err(|f| f.message)
 }

@@ -45,7 +45,7 @@ extension_sql_file!(
         edit::_check_storage_area,
         relay_state::_wake_relay_at_commit,
         relay_state::_wake_relay_for,
-        edit::layers::_layer_write,
+        edit::layers::_layer_write_row,
         edit::layers::_written_by_this_transaction,
         edit::layers::_as_caller_row
     ]
@@ -69,7 +69,12 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/backfill.sql",
     name = "backfill",
-    requires = ["edit", "layers", edit::layers::_as_caller_rows]
+    requires = ["edit", "layers", edit::layers::_as_caller_rows, edit::layers::_row_digests_sql]
+);
+extension_sql_file!(
+    "../sql/drift.sql",
+    name = "drift",
+    requires = ["edit", "layers", edit::layers::_as_caller_rows, edit::layers::_row_digests_sql]
 );
 extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);

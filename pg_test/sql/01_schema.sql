@@ -6,11 +6,11 @@ SELECT column_name, data_type, is_nullable, column_default
   FROM information_schema.columns
  WHERE table_schema = 'feature_outbox' AND table_name = 'outbox' ORDER BY ordinal_position;
 
--- The guide's cost decision, guarded: the outbox carries no geometry.
+-- The guide's cost decision, guarded: the outbox carries no geometry (a 16-byte digest of it only).
 SELECT count(*) AS geometry_columns
   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
  WHERE a.attrelid = 'feature_outbox.outbox'::regclass AND a.attnum > 0 AND NOT a.attisdropped
-   AND (t.typname IN ('geometry', 'geography') OR a.attname LIKE '%geom%');
+   AND (t.typname IN ('geometry', 'geography') OR (a.attname LIKE '%geom%' AND t.typname <> 'uuid'));
 
 SELECT column_name, udt_name, is_nullable FROM information_schema.columns
  WHERE table_schema = 'feature_outbox' AND table_name = 'features' ORDER BY ordinal_position;

@@ -76,27 +76,39 @@ pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCal
         let caller = roles::current();
         let _calling = Calling::push(caller);
         let _owner = As::enter(owner, caller.context, 0);
-        // The bodies return integer, bigint[] or void. Both are read as Rust values inside SPI and
-        // turned into a datum after it, in the caller's memory context.
-        let result: Option<Result<i32, Vec<Option<i64>>>> = Spi::connect_mut(|client| {
+        // The bodies return integer, bigint, bigint[], text[] or void. Each is read as a Rust value inside
+        // SPI and turned into a datum after it, in the caller's memory context.
+        let result: Option<Returned> = Spi::connect_mut(|client| {
             let plan = prepared(client, &sql, &types, true);
             let table = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("{e}"));
             if table.is_empty() {
                 return None;
             }
-            if returns == pg_sys::INT8ARRAYOID {
-                return table.first().get::<Vec<Option<i64>>>(1).ok().flatten().map(Err);
+            match returns {
+                pg_sys::INT8ARRAYOID => table.first().get::<Vec<Option<i64>>>(1).ok().flatten().map(Returned::Bigints),
+                pg_sys::TEXTARRAYOID => table.first().get::<Vec<Option<String>>>(1).ok().flatten().map(Returned::Texts),
+                pg_sys::INT8OID => table.first().get::<i64>(1).ok().flatten().map(Returned::Bigint),
+                _ => table.first().get::<i32>(1).ok().flatten().map(Returned::Integer),
             }
-            table.first().get::<i32>(1).ok().flatten().map(Ok)
         });
         match result.and_then(|r| match r {
-            Ok(v) => Some(pg_sys::Datum::from(v)),
-            Err(array) => array.into_datum(),
+            Returned::Integer(v) => Some(pg_sys::Datum::from(v)),
+            Returned::Bigint(v) => v.into_datum(),
+            Returned::Bigints(array) => array.into_datum(),
+            Returned::Texts(array) => array.into_datum(),
         }) {
             Some(v) => v,
             None => pgrx::fcinfo::pg_return_null(fcinfo),
         }
     }
+}
+
+/// What an entry point's SQL body returned.
+enum Returned {
+    Integer(i32),
+    Bigint(i64),
+    Bigints(Vec<Option<i64>>),
+    Texts(Vec<Option<String>>),
 }
 
 /// The SQL name of function `oid`, its owner (the extension's owner, who created it) and its return type.
@@ -221,12 +233,33 @@ struct Target {
 
 const ROW_VERSION: &str = "t.tableoid::oid::text || ':' || t.ctid::text || ':' || t.xmin::text";
 
+/// The digests of a row as written (uuid text each; see sql/edit.sql, _properties_digest): of its
+/// geometry's EWKB and of its registered properties (`registered`, in their order).
+pub fn digests(geometry: &str, registered: &[String]) -> String {
+    let props: Vec<String> = registered.iter().map(|p| format!("t.{}", quote(p))).collect();
+    format!(
+        "md5(ST_AsEWKB(t.{geometry}))::uuid::text, feature_outbox._properties_digest(ROW({}))::text",
+        props.join(", ")
+    )
+}
+
+/// The SQL of a layer row's digests, as `digests` builds it, for the reads of drift(), resync() and
+/// backfill(): `t` is the table's alias, `geometry_column` and `properties` as registered.
+#[pg_extern(immutable, parallel_safe)]
+fn _row_digests_sql(geometry_column: &str, properties: Vec<String>) -> String {
+    digests(&quote(geometry_column), &properties)
+}
+
 /// Builds the statement for `op`. $1 the feature id, $2 the properties (jsonb text), $3 the geometry.
-fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool) -> String {
+/// With `registered` (the layer's properties), the row's digests follow the version and row version.
+fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool, registered: Option<&[String]>) -> String {
     let props = || keys.iter().map(|k| quote(k)).collect::<Vec<_>>();
     let from = if keys.is_empty() { String::new() } else { format!(" FROM jsonb_populate_record(NULL::{}, $2::jsonb) r", t.tbl) };
     let (id, geometry, version) = (&t.id, &t.geometry, &t.version);
-    let returning = if t.partitioned { format!("t.{version}, NULL::text") } else { format!("t.{version}, {ROW_VERSION}") };
+    let mut returning = if t.partitioned { format!("t.{version}, NULL::text") } else { format!("t.{version}, {ROW_VERSION}") };
+    if let Some(r) = registered {
+        returning = format!("{returning}, {}", digests(geometry, r));
+    }
     if op == "created" {
         let cols: Vec<String> = [id.clone(), geometry.clone(), version.clone()].into_iter().chain(props()).collect();
         let vals: Vec<String> = ["$1".to_string(), "$3".into(), "1".into()].into_iter().chain(props().iter().map(|p| format!("r.{p}"))).collect();
@@ -238,7 +271,8 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool) -> Stri
         );
     }
     if op == "delete" {
-        return format!("DELETE FROM {} AS t WHERE t.{id} = $1 RETURNING t.{version} + 1, NULL::text", t.tbl);
+        let digests = registered.map(|r| format!(", {}", digests(geometry, r))).unwrap_or_default();
+        return format!("DELETE FROM {} AS t WHERE t.{id} = $1 RETURNING t.{version} + 1, NULL::text{digests}", t.tbl);
     }
     // moved, updated, retired (with a retired column), and record_edit's record_* forms.
     let mut set = vec![match op {
@@ -263,16 +297,9 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool) -> Stri
     format!("UPDATE {} AS t SET {}{from} WHERE t.{id} = $1{live} RETURNING {returning}", t.tbl, set.join(", "))
 }
 
-/// Writes feature `feature_id` of a user layer as the caller of the running edit function. `op`:
-/// created, moved, updated, retired, delete, or record_created / record_moved / record_updated /
-/// record_retired (record_edit: the version, and the retired column, only). `tbl`: the table's OID;
-/// the column names as registered. `geometry`: what to store, already in the column's SRID, or NULL
-/// to keep the current one. `properties` (jsonb as text) and `keys` (its keys): registered columns
-/// to set, converted as jsonb_populate_record converts them; a value that does not fit raises its
-/// class-22 error naming the property. Returns {new version, row version (tableoid:ctid:xmin)}, or
-/// NULL when no live row matched (created: when the id exists). Errors: 42501 when the caller lacks
-/// the privilege, 42P01 when the table is gone, and whatever the table's constraints and triggers raise.
-#[pg_extern(volatile)]
+/// 0.2.0's declaration of the layer write (its install script names this symbol): as
+/// `_layer_write_row` without digests.
+#[pg_extern(volatile, sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn _layer_write(
     layer: &str,
@@ -287,19 +314,74 @@ fn _layer_write(
     properties: Option<&str>,
     keys: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
+    let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
+    write(layer, op, &columns, feature_id, geometry, properties, keys, None)
+}
+
+/// Writes feature `feature_id` of a user layer as the caller of the running edit function. `op`:
+/// created, moved, updated, retired, delete, or record_created / record_moved / record_updated /
+/// record_retired (record_edit: the version, and the retired column, only). `tbl`: the table's OID;
+/// the column names as registered. `geometry`: what to store, already in the column's SRID, or NULL
+/// to keep the current one. `properties` (jsonb as text) and `keys` (its keys): registered columns
+/// to set, converted as jsonb_populate_record converts them; a value that does not fit raises its
+/// class-22 error naming the property. `registered`: the layer's properties, whose digest is taken.
+/// Returns {new version, row version (tableoid:ctid:xmin), geometry digest, properties digest} of
+/// the row as written (as it was, for delete), or NULL when no live row matched (created: when the
+/// id exists). Errors: 42501 when the caller lacks the privilege, 42P01 when the table is gone, and
+/// whatever the table's constraints and triggers raise.
+#[pg_extern(volatile)]
+#[allow(clippy::too_many_arguments)]
+fn _layer_write_row(
+    layer: &str,
+    op: &str,
+    tbl: pg_sys::Oid,
+    id_column: &str,
+    geometry_column: &str,
+    version_column: &str,
+    retired_column: Option<&str>,
+    feature_id: i64,
+    geometry: Option<AnyElement>,
+    properties: Option<&str>,
+    keys: Option<Vec<String>>,
+    registered: Option<Vec<String>>,
+) -> Option<Vec<Option<String>>> {
+    let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
+    write(layer, op, &columns, feature_id, geometry, properties, keys, Some(registered.unwrap_or_default()))
+}
+
+/// A layer's registered table and columns.
+struct Columns<'a> {
+    tbl: pg_sys::Oid,
+    id_column: &'a str,
+    geometry_column: &'a str,
+    version_column: &'a str,
+    retired_column: Option<&'a str>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write(
+    layer: &str,
+    op: &str,
+    c: &Columns,
+    feature_id: i64,
+    geometry: Option<AnyElement>,
+    properties: Option<&str>,
+    keys: Option<Vec<String>>,
+    registered: Option<Vec<String>>,
+) -> Option<Vec<Option<String>>> {
     let _caller = as_caller();
-    let (name, partitioned) = table(layer, tbl);
+    let (name, partitioned) = table(layer, c.tbl);
     let keys = if op == "delete" { Vec::new() } else { keys.unwrap_or_default() };
     let target = Target {
         tbl: name,
-        id: quote(id_column),
-        geometry: quote(geometry_column),
-        version: quote(version_column),
-        retired: retired_column.map(quote),
+        id: quote(c.id_column),
+        geometry: quote(c.geometry_column),
+        version: quote(c.version_column),
+        retired: c.retired_column.map(quote),
         partitioned,
     };
     let geometry_oid = geometry.as_ref().map(|g| g.oid());
-    let sql = statement(&target, op, &keys, geometry_oid.is_some());
+    let sql = statement(&target, op, &keys, geometry_oid.is_some(), registered.as_deref());
     if !keys.is_empty() {
         check_properties(layer, &target.tbl, &keys, properties.unwrap_or("{}"));
     }
@@ -325,7 +407,10 @@ fn _layer_write(
                 Some("Register the layer again once its version column is integer NOT NULL."),
             ),
         };
-        Some(vec![version.map(|v| v.to_string()), row.get::<String>(2).ok().flatten()])
+        let n = row.columns().unwrap_or(2);
+        let mut out = vec![version.map(|v| v.to_string())];
+        out.extend((2..=n).map(|i| row.get::<String>(i).ok().flatten()));
+        Some(out)
     })?;
     if target.partitioned && op != "delete" {
         let sql = format!("SELECT {ROW_VERSION} FROM {} t WHERE t.{} = $1", target.tbl, target.id);
@@ -333,7 +418,9 @@ fn _layer_write(
             let plan = prepared(client, &sql, &[pg_sys::INT8OID], false);
             client.select(&*plan, Some(1), &[feature_id.into()]).ok().and_then(|t| t.first().get::<String>(1).ok().flatten())
         });
-        return Some(vec![written[0].clone(), row_version]);
+        let mut out = written;
+        out[1] = row_version;
+        return Some(out);
     }
     Some(written)
 }
@@ -414,23 +501,27 @@ mod tests {
     fn statements_set_only_what_the_edit_gives() {
         let q = |s: &str| s.replace('`', "\"");
         let t = target(false);
-        let moved = statement(&t, "moved", &[], true);
+        let moved = statement(&t, "moved", &[], true, None);
         assert!(moved.starts_with(&q("UPDATE public.parcels AS t SET `version` = t.`version` + 1, `geom` = $3 WHERE t.`id` = $1 AND t.`retired_at` IS NULL")));
         assert!(moved.ends_with(&format!("RETURNING t.\"version\", {ROW_VERSION}")));
-        let updated = statement(&t, "updated", &["name".into()], false);
+        let updated = statement(&t, "updated", &["name".into()], false, None);
         assert!(updated.contains(&q("SET `version` = t.`version` + 1, `name` = r.`name` FROM jsonb_populate_record(NULL::public.parcels, $2::jsonb) r")));
         assert!(!updated.contains("geom"));
-        let created = statement(&t, "created", &["name".into()], true);
+        let created = statement(&t, "created", &["name".into()], true, None);
         assert!(created.contains(&q("(`id`, `geom`, `version`, `name`) SELECT $1, $3, 1, r.`name` FROM jsonb_populate_record")));
         assert!(created.contains(&q("ON CONFLICT (`id`) DO NOTHING")));
-        assert!(statement(&t, "retired", &[], false).contains(&q("`retired_at` = now()")));
-        assert!(statement(&t, "record_retired", &[], false).contains(&q("`retired_at` = coalesce(t.`retired_at`, now())")));
-        assert!(!statement(&t, "record_retired", &[], false).contains("IS NULL"));
-        assert!(statement(&t, "record_created", &[], false).contains(&q("SET `version` = 1")));
-        assert!(statement(&t, "delete", &[], false).starts_with(&q("DELETE FROM public.parcels AS t WHERE t.`id` = $1")));
+        assert!(statement(&t, "retired", &[], false, None).contains(&q("`retired_at` = now()")));
+        assert!(statement(&t, "record_retired", &[], false, None).contains(&q("`retired_at` = coalesce(t.`retired_at`, now())")));
+        assert!(!statement(&t, "record_retired", &[], false, None).contains("IS NULL"));
+        assert!(statement(&t, "record_created", &[], false, None).contains(&q("SET `version` = 1")));
+        assert!(statement(&t, "delete", &[], false, None).starts_with(&q("DELETE FROM public.parcels AS t WHERE t.`id` = $1")));
         // A partitioned table returns no system columns from INSERT.
-        assert!(statement(&target(true), "created", &[], true).ends_with("RETURNING t.\"version\", NULL::text"));
+        assert!(statement(&target(true), "created", &[], true, None).ends_with("RETURNING t.\"version\", NULL::text"));
         assert_eq!(quote("we\"ird"), "\"we\"\"ird\"");
+        // With the registered properties, the row's digests follow, deleted rows' included.
+        let digested = statement(&t, "updated", &[], false, Some(&["name".into(), "zone".into()]));
+        assert!(digested.ends_with(&q("md5(ST_AsEWKB(t.`geom`))::uuid::text, feature_outbox._properties_digest(ROW(t.`name`, t.`zone`))::text")));
+        assert!(statement(&t, "delete", &[], false, Some(&[])).ends_with("_properties_digest(ROW())::text"));
     }
 
     #[test]
