@@ -5,7 +5,7 @@ PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGRX_PGDATA ?= /var/tmp/feature_outbox_pgrx
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup build install install-test test unit-test pg-test demo bench faults clean
+.PHONY: setup build install install-test test unit-test pg-test demo bench bench-ab faults clean
 
 setup:
 	bash scripts/setup.sh
@@ -44,6 +44,14 @@ demo: setup
 bench: setup
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
 	bash bench/run.sh
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
+
+## bench-ab: this build against 0.2.0 (its release commit), side by side: the bigint edit path and
+## the relay, each as a ratio to its floor. Builds 0.2.0 into a copy of the PostgreSQL tree first.
+bench-ab: setup
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
+	FEATURE_OUTBOX_AB_BIN=$$(bash bench/ab_setup.sh 4bc42654f1b92a2e0b2c580995f0eefbce8c1de0 /opt/pg-0.2.0) \
+	  FEATURE_OUTBOX_AB_LABEL=0.2.0 .venv/bin/python bench/ab_bench.py | tee bench/AB.md
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
 ## faults: every fault drill in full (JetStream cluster, failover, outages, hostile receivers),

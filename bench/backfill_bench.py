@@ -90,7 +90,7 @@ def main():
                       lambda: conn.execute("CALL feature_outbox.backfill(%s)", (layer,)).fetchone()[0])
             with psycopg.connect(c.dsn(DB)) as conn:
                 def one():
-                    n = conn.execute("SELECT feature_outbox._backfill_chunk(%s, NULL, -9223372036854775808, %s)", (layer, N + 1)).fetchone()[0][1]
+                    n = int(conn.execute("SELECT feature_outbox._backfill_chunk(%s, NULL, NULL::text, %s)", (layer, N + 1)).fetchone()[0][1])
                     conn.commit()
                     return n
                 phase(c, layer, "one transaction", one)

@@ -23,18 +23,19 @@ def free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, directory: Path, port: int):
-        self.dir, self.port = directory, port
+    def __init__(self, directory: Path, port: int, bin: Path = PG_BIN):
+        self.dir, self.port, self.bin = directory, port, bin
+        self.env = {**os.environ, "FEATURE_OUTBOX_PG_BIN": str(bin)}
 
     def start(self, *settings: str) -> None:
-        subprocess.run([ROOT / "scripts/cluster.sh", "start", self.dir, str(self.port), *settings], check=True)
+        subprocess.run([ROOT / "scripts/cluster.sh", "start", self.dir, str(self.port), *settings], check=True, env=self.env)
 
     def stop(self) -> None:
-        subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=True)
+        subprocess.run([ROOT / "scripts/cluster.sh", "stop", self.dir], check=True, env=self.env)
 
     def restart(self) -> None:
         as_pg = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
-        subprocess.run([*as_pg, PG_BIN / "pg_ctl", "-D", self.dir / "data", "-l", self.dir / "server.log",
+        subprocess.run([*as_pg, self.bin / "pg_ctl", "-D", self.dir / "data", "-l", self.dir / "server.log",
                         "-w", "-m", "fast", "restart"], check=True, stdout=subprocess.DEVNULL)
 
     def dsn(self, db: str = "postgres") -> str:

@@ -246,7 +246,7 @@ def test_backfill_rights_and_input(relay, db):
         su.execute("GRANT USAGE ON SCHEMA feature_outbox TO area_reader")
     with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=area_reader"), autocommit=True) as ordinary:
         for sql in ("CALL feature_outbox.backfill('counties')",
-                    "SELECT feature_outbox._backfill_chunk('counties', NULL, 0, 10)",
+                    "SELECT feature_outbox._backfill_chunk('counties', NULL, NULL::text, 10)",
                     "SELECT * FROM feature_outbox.backlog_by_cell(5)"):
             with pytest.raises(psycopg.Error) as e:
                 ordinary.execute(sql)

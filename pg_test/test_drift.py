@@ -79,7 +79,8 @@ def row(conn, name: str, fid: int):
 
 
 def drift(conn, name: str) -> dict:
-    return dict(conn.execute("SELECT feature_id, change FROM feature_outbox.drift(%s)", (name,)).fetchall())
+    """{feature id: change} of a bigint-keyed layer (drift gives every key as text)."""
+    return {int(k): v for k, v in conn.execute("SELECT feature_id, change FROM feature_outbox.drift(%s)", (name,)).fetchall()}
 
 
 # Item 5: an updated whose geometry changed behind it is refused; moved routes on the new cell.
@@ -257,9 +258,9 @@ def test_drift_and_resync_are_not_granted_to_public(relay):
         for f in ("drift(text)", "resync(text, integer, bigint, bigint)"):
             assert not su.execute("SELECT has_function_privilege('stranger', %s, 'EXECUTE')", (f"feature_outbox.{f}",)).fetchone()[0]
         su.execute("SET ROLE stranger")
-        state, _, _ = fails(su, "SELECT feature_outbox._drift_chunk('moves', 0, 10, 0)")
+        state, _, _ = fails(su, "SELECT feature_outbox._drift_chunk('moves', 1, NULL, 10, 0)")
         assert state == "42501"
-        state, _, _ = fails(su, "SELECT feature_outbox._resync_chunk('moves', 0, 10, 100, 0)")
+        state, _, _ = fails(su, "SELECT feature_outbox._resync_chunk('moves', 1, NULL, 10, 100, 0)")
         assert state == "42501"
         su.execute("RESET ROLE")
         su.execute("DROP ROLE stranger")

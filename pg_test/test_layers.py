@@ -321,7 +321,7 @@ def test_privileges_in_both_directions(relay, db):
         for sql in ("INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer) VALUES (1, 9, 'moved', 'x', 'shops')",
                     "UPDATE feature_outbox.feature_state SET routing_key = 'x'",
                     "INSERT INTO feature_outbox.layer_registry (layer, tbl, id_column, geometry_column, version_column, srid, geometry_type) VALUES ('x', 'public.shops', 'id', 'geom', 'version', 4326, 'Point')",
-                    "SELECT feature_outbox._layer_write_row('shops', 'moved', 'public.shops'::regclass, 'id', 'geom', 'version', NULL, 1, NULL::geometry, NULL, NULL, NULL)",
+                    "SELECT feature_outbox._layer_write_row('shops', 'moved', 'public.shops'::regclass, 'id', 'geom', 'version', NULL, '1', 'bigint', NULL::geometry, NULL, NULL, NULL)",
                     "SELECT feature_outbox._as_caller_row('SELECT 1', 1)",
                     "SELECT feature_outbox._record_edit('shops', 1, 'updated')",
                     "SELECT feature_outbox._register_layer('x', 'public.shops', 'id', 'geom', 'version', '{}', NULL)",

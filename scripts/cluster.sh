@@ -5,7 +5,8 @@
 #   cluster.sh restart DIR
 #   cluster.sh stop DIR
 set -euo pipefail
-BIN=/usr/lib/postgresql/15/bin
+# FEATURE_OUTBOX_PG_BIN: another PostgreSQL 15 tree's bin (bench/ab_bench.py runs an older build beside this one).
+BIN=${FEATURE_OUTBOX_PG_BIN:-/usr/lib/postgresql/15/bin}
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
 as_postgres() {

@@ -28,9 +28,10 @@ END
 $$;
 
 -- The body of one chunk, run as the extension's owner by the C entry _backfill_chunk (which records
--- the calling role, as edit_feature(layer, ...) does). p_after: the last feature id of the chunk
--- before (-2^63 at first). Returns {last feature id looked at (NULL: none left), snapshots written}.
-CREATE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after bigint, p_limit integer) RETURNS bigint[]
+-- the calling role, as edit_feature(layer, ...) does). p_after: the last key of the chunk before, as
+-- text (NULL at first); chunks follow the id column's own order. Returns {last key looked at (NULL:
+-- none left), snapshots written}.
+CREATE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after text, p_limit integer) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -38,7 +39,10 @@ DECLARE
     lay layer_registry;
     v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
     area geometry;
-    candidates bigint[];   -- this chunk's live features, in id order
+    candidates bigint[];   -- this chunk's live features (their numbers: the key, or feature_state's for uuid/text)
+    ckeys text[];          -- their keys, in the id column's order
+    keyed boolean;         -- the layer's key is uuid or text
+    v_cast text;           -- the type the keys are cast to in the layer's statements
     versions integer[];    -- a user layer's: their versions, read under the row lock
     gds uuid[];            -- their geometry digests, and properties digests, as stored now
     pds uuid[];
@@ -67,24 +71,33 @@ BEGIN
     END IF;
     -- As edits do: unregister_layer waits for this chunk, and this chunk for it.
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
+    keyed := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
+    v_cast := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
 
     IF p_layer = 'features' THEN
-        SELECT array_agg(c.id ORDER BY c.id) INTO candidates
-          FROM (SELECT f.id FROM features f WHERE f.id > p_after AND f.retired_at IS NULL ORDER BY f.id LIMIT p_limit) c;
+        SELECT array_agg(c.id ORDER BY c.id), array_agg(c.id::text ORDER BY c.id) INTO candidates, ckeys
+          FROM (SELECT f.id FROM features f WHERE (p_after IS NULL OR f.id > p_after::bigint) AND f.retired_at IS NULL
+                 ORDER BY f.id LIMIT p_limit) c;
     ELSE
         -- A user layer's rows are read and locked as the caller, with its rights, before the state:
         -- the order its edits lock them in (the row, then the state), so the two never deadlock.
-        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::integer ORDER BY x[1]::bigint),
-               array_agg(x[3]::uuid ORDER BY x[1]::bigint), array_agg(x[4]::uuid ORDER BY x[1]::bigint)
-          INTO candidates, versions, gds, pds
-          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text, %5$s FROM %3$s t WHERE t.%1$I > $1[1]%4$s ORDER BY t.%1$I LIMIT $1[2] FOR SHARE OF t',
+        SELECT array_agg(x[1] ORDER BY i), array_agg(x[2]::integer ORDER BY i),
+               array_agg(x[3]::uuid ORDER BY i), array_agg(x[4]::uuid ORDER BY i)
+          INTO ckeys, versions, gds, pds
+          FROM _as_caller_rows(format('SELECT t.%1$I::text, t.%2$I::text, %5$s FROM %3$s t WHERE ($1[1] IS NULL OR t.%1$I > $1[1]::%6$s)%4$s ORDER BY t.%1$I LIMIT $1[2]::integer FOR SHARE OF t',
                                       lay.id_column, lay.version_column, lay.tbl,
                                       CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END,
-                                      _row_digests_sql(lay.geometry_column, lay.properties::text[])),
-                               ARRAY[p_after, p_limit]) x;
+                                      _row_digests_sql(lay.geometry_column, lay.properties::text[]), v_cast),
+                               ARRAY[p_after, p_limit::text]) WITH ORDINALITY x(x, i);
+        -- Each key's number: its own for integer keys, else the one its first event drew (a new one
+        -- for a row that has no event yet; its state below records the key).
+        candidates := ARRAY(SELECT CASE WHEN NOT keyed THEN k::bigint
+                                        ELSE coalesce((SELECT s.feature_id FROM feature_state s
+                                                        WHERE s.layer = p_layer AND s.feature_key = k), nextval('feature_key_seq')) END
+                              FROM unnest(ckeys) WITH ORDINALITY u(k, i) ORDER BY i);
     END IF;
-    IF candidates IS NULL THEN
-        RETURN ARRAY[NULL, 0]::bigint[];
+    IF ckeys IS NULL THEN
+        RETURN ARRAY[NULL, '0'];
     END IF;
 
     -- Features without per-feature state (written before 0.2.0, or before the layer was registered):
@@ -100,11 +113,17 @@ BEGIN
         END LOOP;
         IF p_layer <> 'features' THEN
             FOR r IN
-                SELECT x FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
-                                                     lay.id_column, lay.geometry_column, lay.tbl), missing) x
+                SELECT x FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1::%4$s[])',
+                                                     lay.id_column, lay.geometry_column, lay.tbl, v_cast),
+                                              ARRAY(SELECT ckeys[array_position(candidates, m)] FROM unnest(missing) m)) x
             LOOP
-                PERFORM __backfill_state(p_layer, r[1]::bigint, r[2]::geometry, v_res);
+                PERFORM __backfill_state(p_layer, candidates[array_position(ckeys, r[1])], r[2]::geometry, v_res);
             END LOOP;
+            IF keyed THEN
+                UPDATE feature_state s SET feature_key = u.k
+                  FROM unnest(candidates, ckeys) u(id, k)
+                 WHERE s.layer = p_layer AND s.feature_id = u.id AND u.id = ANY(missing) AND s.feature_key IS NULL;
+            END IF;
         END IF;
     END IF;
 
@@ -116,9 +135,12 @@ BEGIN
                            JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
                           WHERE s.geometry_digest IS DISTINCT FROM u.gd AND u.id <> ALL(missing) ORDER BY u.id);
         IF cardinality(drifted) > 0 THEN
-            SELECT array_agg(ARRAY[ST_X(q), ST_Y(q)] ORDER BY x[1]::bigint) INTO drifted_points
-              FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1)',
-                                          lay.id_column, lay.geometry_column, lay.tbl), drifted) x,
+            SELECT array_agg(candidates[array_position(ckeys, x[1])] ORDER BY candidates[array_position(ckeys, x[1])]),
+                   array_agg(ARRAY[ST_X(q), ST_Y(q)] ORDER BY candidates[array_position(ckeys, x[1])])
+              INTO drifted, drifted_points
+              FROM _as_caller_rows(format('SELECT t.%1$I::text, ST_AsHEXEWKB(ST_Transform(t.%2$I, 4326)) FROM %3$s t WHERE t.%1$I = ANY($1::%4$s[])',
+                                          lay.id_column, lay.geometry_column, lay.tbl, v_cast),
+                                   ARRAY(SELECT ckeys[array_position(candidates, d)] FROM unnest(drifted) d)) x,
                    _routing_point(x[2]::geometry) q;
         END IF;
     END IF;
@@ -141,12 +163,15 @@ BEGIN
           FROM (SELECT f.id, f.version, md5(ST_AsEWKB(f.geom))::uuid AS gd FROM features f
                  WHERE f.id = ANY(locked) AND f.retired_at IS NULL ORDER BY f.id FOR SHARE OF f) v;
         candidates := locked;
+        ckeys := locked::text[];
     END IF;
 
-    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
+    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest,
+                        feature_key)
     SELECT s.feature_id, u.version, 'snapshot',
-           coalesce(_h3_cell(drifted_points[d.i][1], drifted_points[d.i][2], v_res), s.routing_key), p_layer, u.gd, u.pd
-      FROM unnest(candidates, versions, gds, pds) u(id, version, gd, pd)
+           coalesce(_h3_cell(drifted_points[d.i][1], drifted_points[d.i][2], v_res), s.routing_key), p_layer, u.gd, u.pd,
+           CASE WHEN keyed THEN u.k END
+      FROM unnest(candidates, versions, gds, pds, ckeys) u(id, version, gd, pd, k)
       JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
       LEFT JOIN unnest(drifted) WITH ORDINALITY d(id, i) ON d.id = u.id
      WHERE u.id = ANY(locked)
@@ -159,14 +184,14 @@ BEGIN
     IF n > 0 THEN
         PERFORM _wake_relay_at_commit();
     END IF;
-    RETURN ARRAY[(SELECT max(c) FROM unnest(candidates) c), n];
+    RETURN ARRAY[ckeys[cardinality(ckeys)], n::text];
 END
 $$;
 
-CREATE FUNCTION _backfill_chunk(layer text, area geometry, after bigint, chunk integer) RETURNS bigint[]
+CREATE FUNCTION _backfill_chunk(layer text, area geometry, after text, chunk integer) RETURNS text[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-COMMENT ON FUNCTION _backfill_chunk(text, geometry, bigint, integer) IS
+COMMENT ON FUNCTION _backfill_chunk(text, geometry, text, integer) IS
     'One chunk of backfill(); callable only by roles that may execute backfill.';
 
 -- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
@@ -175,14 +200,14 @@ CREATE PROCEDURE backfill(layer text, area geometry DEFAULT NULL, INOUT written 
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    after bigint := -9223372036854775808;
-    r bigint[];
+    after text;            -- the last key of the chunk before, in the id column's order
+    r text[];
 BEGIN
     written := 0;
     LOOP
         r := feature_outbox._backfill_chunk(layer, area, after, 500);
         EXIT WHEN r[1] IS NULL;
-        written := written + r[2];
+        written := written + r[2]::bigint;
         after := r[1];
         COMMIT;
     END LOOP;

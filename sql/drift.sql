@@ -25,48 +25,87 @@ AS $$
     END
 $$;
 
--- One chunk of the pass: the layer's rows with ids above p_after, p_limit of them in id order (read
--- as the caller, with its rights), and the state rows of the same id range. next_after: the last id
--- read when the chunk was full, NULL when the table is done.
-CREATE FUNCTION __drift_rows(lay layer_registry, p_after bigint, p_limit integer,
-                             OUT next_after bigint, OUT ids bigint[], OUT changes text[])
+-- One chunk of drift's two passes, in bounded memory. Phase 1 reads p_limit of the layer's rows
+-- after key p_after, in the id column's order (as the caller, with its rights), and compares each
+-- with its feature's state. Phase 2 reads p_limit state rows after number p_after and finds those
+-- whose row is gone. next_phase and next_after: where the next chunk starts (next_phase NULL:
+-- done). Returns each row that differs: its key, its number (NULL for a row without events) and
+-- the change.
+CREATE FUNCTION __drift_rows(lay layer_registry, p_phase integer, p_after text, p_limit integer,
+                             OUT next_phase integer, OUT next_after text,
+                             OUT keys text[], OUT numbers bigint[], OUT changes text[])
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    rid bigint[];
+    keyed boolean := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
+    v_cast text := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    rk text[];            -- phase 1: the rows' keys, digests and liveness, in the table's order
     rgd uuid[];
     rpd uuid[];
     rlive boolean[];
+    sn bigint[];          -- phase 2: state rows' numbers and keys
+    sk text[];
 BEGIN
+    IF p_phase = 1 THEN
+        IF lay.layer = 'features' THEN
+            SELECT array_agg(f.id::text ORDER BY f.id), array_agg(f.gd ORDER BY f.id), array_agg(f.pd ORDER BY f.id),
+                   array_agg(f.live ORDER BY f.id)
+              INTO rk, rgd, rpd, rlive
+              FROM (SELECT f.id, md5(ST_AsEWKB(f.geom))::uuid AS gd, md5('()')::uuid AS pd, f.retired_at IS NULL AS live
+                      FROM features f WHERE p_after IS NULL OR f.id > p_after::bigint ORDER BY f.id LIMIT p_limit) f;
+        ELSE
+            SELECT array_agg(x[1] ORDER BY i), array_agg(x[2]::uuid ORDER BY i), array_agg(x[3]::uuid ORDER BY i),
+                   array_agg(x[4]::boolean ORDER BY i)
+              INTO rk, rgd, rpd, rlive
+              FROM _as_caller_rows(format('SELECT t.%1$I::text, %2$s, (%3$s)::text FROM %4$s t WHERE ($1[1] IS NULL OR t.%1$I > $1[1]::%5$s) ORDER BY t.%1$I LIMIT $1[2]::integer',
+                                          lay.id_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
+                                          CASE WHEN lay.retired_column IS NULL THEN 'true'
+                                               ELSE format('t.%I IS NULL', lay.retired_column) END,
+                                          lay.tbl, v_cast),
+                                   ARRAY[p_after, p_limit::text]) WITH ORDINALITY x(x, i);
+        END IF;
+        IF coalesce(cardinality(rk), 0) >= p_limit THEN
+            next_phase := 1;
+            next_after := rk[cardinality(rk)];
+        ELSE
+            next_phase := 2;
+        END IF;
+        SELECT array_agg(c.k ORDER BY c.i), array_agg(c.number ORDER BY c.i), array_agg(c.change ORDER BY c.i)
+          INTO keys, numbers, changes
+          FROM (SELECT u.k, u.i, s.feature_id AS number,
+                       __drift_change(s.feature_id IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest,
+                                      u.gd, u.pd, u.live) AS change
+                  FROM unnest(rk, rgd, rpd, rlive) WITH ORDINALITY u(k, gd, pd, live, i)
+                  LEFT JOIN feature_state s ON s.layer = lay.layer
+                        AND s.feature_id = CASE WHEN keyed THEN (SELECT f.feature_id FROM feature_state f
+                                                                  WHERE f.layer = lay.layer AND f.feature_key = u.k)
+                                                ELSE u.k::bigint END) c
+         WHERE c.change IS NOT NULL;
+        RETURN;
+    END IF;
+    -- Phase 2: features whose last event says they exist, and whose row does not.
+    SELECT array_agg(s.feature_id ORDER BY s.feature_id), array_agg(coalesce(s.feature_key, s.feature_id::text) ORDER BY s.feature_id)
+      INTO sn, sk
+      FROM (SELECT s.feature_id, s.feature_key FROM feature_state s
+             WHERE s.layer = lay.layer AND s.feature_id > coalesce(p_after::bigint, -9223372036854775808)
+               AND s.last_event IS NOT NULL AND s.last_event <> 'retired'
+             ORDER BY s.feature_id LIMIT p_limit) s;
+    IF coalesce(cardinality(sn), 0) >= p_limit THEN
+        next_phase := 2;
+        next_after := sn[cardinality(sn)]::text;
+    END IF;
+    IF sn IS NULL THEN
+        RETURN;
+    END IF;
     IF lay.layer = 'features' THEN
-        SELECT array_agg(f.id ORDER BY f.id), array_agg(f.gd ORDER BY f.id), array_agg(f.pd ORDER BY f.id),
-               array_agg(f.live ORDER BY f.id)
-          INTO rid, rgd, rpd, rlive
-          FROM (SELECT f.id, md5(ST_AsEWKB(f.geom))::uuid AS gd, md5('()')::uuid AS pd, f.retired_at IS NULL AS live
-                  FROM features f WHERE f.id > p_after ORDER BY f.id LIMIT p_limit) f;
+        SELECT array_agg(u.k ORDER BY u.n), array_agg(u.n ORDER BY u.n), array_agg('gone'::text) INTO keys, numbers, changes
+          FROM unnest(sn, sk) u(n, k) WHERE NOT EXISTS (SELECT 1 FROM features f WHERE f.id = u.n);
     ELSE
-        SELECT array_agg(x[1]::bigint ORDER BY x[1]::bigint), array_agg(x[2]::uuid ORDER BY x[1]::bigint),
-               array_agg(x[3]::uuid ORDER BY x[1]::bigint), array_agg(x[4]::boolean ORDER BY x[1]::bigint)
-          INTO rid, rgd, rpd, rlive
-          FROM _as_caller_rows(format('SELECT t.%1$I::text, %2$s, (%3$s)::text FROM %4$s t WHERE t.%1$I > $1[1] ORDER BY t.%1$I LIMIT $1[2]',
-                                      lay.id_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
-                                      CASE WHEN lay.retired_column IS NULL THEN 'true'
-                                           ELSE format('t.%I IS NULL', lay.retired_column) END,
-                                      lay.tbl),
-                               ARRAY[p_after, p_limit]) x;
+        SELECT array_agg(u.k ORDER BY u.n), array_agg(u.n ORDER BY u.n), array_agg('gone'::text) INTO keys, numbers, changes
+          FROM unnest(sn, sk) u(n, k)
+         WHERE u.k NOT IN (SELECT x[1] FROM _as_caller_rows(format('SELECT t.%1$I::text FROM %2$s t WHERE t.%1$I = ANY($1::%3$s[])',
+                                                                    lay.id_column, lay.tbl, v_cast), sk) x);
     END IF;
-    IF coalesce(cardinality(rid), 0) >= p_limit THEN
-        next_after := rid[cardinality(rid)];
-    END IF;
-    SELECT array_agg(c.id ORDER BY c.id), array_agg(c.change ORDER BY c.id) INTO ids, changes
-      FROM (SELECT coalesce(u.id, s.feature_id) AS id,
-                   __drift_change(s.feature_id IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest,
-                                  u.gd, u.pd, u.live) AS change
-              FROM unnest(rid, rgd, rpd, rlive) u(id, gd, pd, live)
-              FULL JOIN (SELECT * FROM feature_state s
-                          WHERE s.layer = lay.layer AND s.feature_id > p_after
-                            AND (next_after IS NULL OR s.feature_id <= next_after)) s ON s.feature_id = u.id) c
-     WHERE c.change IS NOT NULL;
 END
 $$;
 
@@ -93,86 +132,92 @@ $$;
 
 -- The body of one drift() chunk, run as the extension's owner by the C entry _drift_chunk.
 -- p_found: rows found by the chunks before; the last chunk records the total in layer_registry.
--- Returns {next id to start after (NULL: done), then id, change, id, change, ...}.
-CREATE FUNCTION __drift_chunk(p_layer text, p_after bigint, p_limit integer, p_found bigint) RETURNS text[]
+-- Returns {next phase (NULL: done), next position, then key, change, key, change, ...}.
+CREATE FUNCTION __drift_chunk(p_layer text, p_phase integer, p_after text, p_limit integer, p_found bigint) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry := __drift_layer(p_layer, 'feature_outbox.drift(text)');
     d record;
 BEGIN
-    d := __drift_rows(lay, p_after, p_limit);
-    IF d.next_after IS NULL THEN
-        UPDATE layer_registry l SET drift_rows = p_found + coalesce(cardinality(d.ids), 0), drift_checked_at = now()
+    d := __drift_rows(lay, p_phase, p_after, p_limit);
+    IF d.next_phase IS NULL THEN
+        UPDATE layer_registry l SET drift_rows = p_found + coalesce(cardinality(d.keys), 0), drift_checked_at = now()
          WHERE l.layer = p_layer;
     END IF;
-    RETURN ARRAY[d.next_after::text]
-           || coalesce((SELECT array_agg(v ORDER BY i, k) FROM unnest(d.ids, d.changes) WITH ORDINALITY u(id, change, i),
-                               LATERAL (VALUES (1, u.id::text), (2, u.change)) p(k, v)), '{}');
+    RETURN ARRAY[d.next_phase::text, d.next_after]
+           || coalesce((SELECT array_agg(v ORDER BY i, k) FROM unnest(d.keys, d.changes) WITH ORDINALITY u(key, change, i),
+                               LATERAL (VALUES (1, u.key), (2, u.change)) p(k, v)), '{}');
 END
 $$;
 
-CREATE FUNCTION _drift_chunk(layer text, after bigint, chunk integer, found bigint) RETURNS text[]
+CREATE FUNCTION _drift_chunk(layer text, phase integer, after text, chunk integer, found bigint) RETURNS text[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-COMMENT ON FUNCTION _drift_chunk(text, bigint, integer, bigint) IS
+COMMENT ON FUNCTION _drift_chunk(text, integer, text, integer, bigint) IS
     'One chunk of drift(); callable only by roles that may execute drift.';
 
-CREATE FUNCTION drift(layer text) RETURNS TABLE (feature_id bigint, change text)
+CREATE FUNCTION drift(layer text) RETURNS TABLE (feature_id text, change text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    after bigint := -9223372036854775808;
+    phase integer := 1;
+    after text;
     found bigint := 0;
     r text[];
 BEGIN
     LOOP
-        r := feature_outbox._drift_chunk(layer, after, 1000, found);
-        FOR i IN 1 .. (cardinality(r) - 1) / 2 LOOP
-            feature_id := r[2 * i]::bigint;
-            change := r[2 * i + 1];
+        r := feature_outbox._drift_chunk(layer, phase, after, 1000, found);
+        FOR i IN 1 .. (cardinality(r) - 2) / 2 LOOP
+            feature_id := r[2 * i + 1];
+            change := r[2 * i + 2];
             found := found + 1;
             RETURN NEXT;
         END LOOP;
         EXIT WHEN r[1] IS NULL;
-        after := r[1]::bigint;
+        phase := r[1]::integer;
+        after := r[2];
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION drift(text) IS
-    'The rows of a layer that differ from their last event, read as the caller in one pass (1,000 rows a chunk): '
-    'change is geometry, properties or both (digests differ), no_event (a live row without one), gone (deleted or '
+    'The rows of a layer that differ from their last event, read as the caller in one pass over the table and one over '
+    'its features'' state (1,000 rows a chunk); feature_id is the key as text. change is geometry, properties or both (digests differ), no_event (a live row without one), gone (deleted or '
     'retired without a retired event) or unknown (last event written before 0.3.0). Records the count in '
     'backlog_by_layer.drifted_rows. EXECUTE is not granted to PUBLIC.';
 
--- The body of one resync() chunk, run as the extension's owner by the C entry _resync_chunk. Scans
--- p_limit rows above p_after; locks the drifted ones (SKIP LOCKED: a row an edit holds is left for
--- a later run), and writes each one's missing event until p_hold_ms / 2 have passed since the
--- locks were taken, so that no editor waits longer than about p_hold_ms. p_left: rows left by the
--- chunks before. Returns {next id to start after (NULL: done), events written, rows left}.
-CREATE FUNCTION __resync_chunk(p_layer text, p_after bigint, p_limit integer, p_hold_ms integer, p_left bigint)
-RETURNS bigint[]
+-- The body of one resync() chunk, run as the extension's owner by the C entry _resync_chunk. Takes
+-- drift's chunk at (p_phase, p_after); locks its drifted rows (SKIP LOCKED: a row an edit holds is
+-- left for a later run), and writes each one's missing event until p_hold_ms / 2 have passed since
+-- the locks were taken, so that no editor waits longer than about p_hold_ms. p_left: rows left by
+-- the chunks before. Returns {next phase (NULL: done), next position, events written, rows left}.
+CREATE FUNCTION __resync_chunk(p_layer text, p_phase integer, p_after text, p_limit integer, p_hold_ms integer,
+                               p_left bigint) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry := __drift_layer(p_layer, 'feature_outbox.resync(text, integer, bigint, bigint)');
+    keyed boolean := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
+    v_cast text := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
     d record;
     v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
-    lid bigint[];         -- the locked rows: ids, geometries (HEXEWKB), digests and liveness
+    lkey text[];          -- the locked rows: keys, geometries (HEXEWKB), digests, liveness, versions
     lgeom text[];
     lgd uuid[];
     lpd uuid[];
     llive boolean[];
     lver integer[];
-    present bigint[];     -- drifted rows that exist but could not be locked
+    present text[];       -- drifted rows that exist but could not be locked
     s feature_state;
-    k integer;            -- the row's position in lid
+    k integer;            -- the row's position in lkey
+    j integer;            -- its position in the drift chunk
     change text;
-    id bigint;
+    key text;
     locked_at timestamptz;
     written bigint := 0;
     left_over bigint := 0;
-    next_after bigint;
+    next_phase integer;
+    next_after text;
 BEGIN
     IF p_layer = 'features' THEN
         RAISE EXCEPTION 'resync serves user layers' USING ERRCODE = '0A000',
@@ -182,34 +227,42 @@ BEGIN
         RAISE EXCEPTION 'max_hold_ms must be at least 1, not %', coalesce(p_hold_ms::text, 'NULL') USING ERRCODE = '22023';
     END IF;
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
-    d := __drift_rows(lay, p_after, p_limit);
+    d := __drift_rows(lay, p_phase, p_after, p_limit);
+    next_phase := d.next_phase;
     next_after := d.next_after;
-    IF cardinality(d.ids) > 0 THEN
+    IF cardinality(d.keys) > 0 THEN
         locked_at := clock_timestamp();
         -- The rows, locked as edits lock them (the row, then its state), read again under the lock:
         -- an edit that committed since the scan may have sent the event already.
-        SELECT coalesce(array_agg(x[1]::bigint), '{}'), array_agg(x[2]), array_agg(x[3]::uuid), array_agg(x[4]::uuid),
+        SELECT coalesce(array_agg(x[1]), '{}'), array_agg(x[2]), array_agg(x[3]::uuid), array_agg(x[4]::uuid),
                array_agg(x[5]::boolean), array_agg(x[6]::integer)
-          INTO lid, lgeom, lgd, lpd, llive, lver
+          INTO lkey, lgeom, lgd, lpd, llive, lver
           FROM _as_caller_rows(
-                   format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1) ORDER BY t.%1$I FOR UPDATE OF t SKIP LOCKED',
+                   format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR UPDATE OF t SKIP LOCKED',
                           lay.id_column, lay.geometry_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
                           CASE WHEN lay.retired_column IS NULL THEN 'true' ELSE format('t.%I IS NULL', lay.retired_column) END,
-                          lay.tbl, lay.version_column), d.ids) x;
-        present := ARRAY(SELECT x[1]::bigint FROM _as_caller_rows(format('SELECT t.%1$I::text FROM %2$s t WHERE t.%1$I = ANY($1)',
-                                                                         lay.id_column, lay.tbl),
-                                                                  ARRAY(SELECT i FROM unnest(d.ids) i WHERE i <> ALL(lid))) x);
-        FOREACH id IN ARRAY d.ids LOOP
+                          lay.tbl, lay.version_column, v_cast), d.keys) x;
+        present := ARRAY(SELECT x[1] FROM _as_caller_rows(format('SELECT t.%1$I::text FROM %2$s t WHERE t.%1$I = ANY($1::%3$s[])',
+                                                                 lay.id_column, lay.tbl, v_cast),
+                                                          ARRAY(SELECT i FROM unnest(d.keys) i WHERE i <> ALL(lkey))) x);
+        FOR j IN 1 .. cardinality(d.keys) LOOP
+            key := d.keys[j];
             IF clock_timestamp() - locked_at > make_interval(secs => p_hold_ms / 2000.0) THEN
-                next_after := id - 1;  -- the rest in the next chunk, after this one commits
+                -- The rest in the next chunk, after this one commits: from the row before this one.
+                next_phase := p_phase;
+                next_after := CASE WHEN j = 1 THEN p_after
+                                   WHEN p_phase = 1 THEN d.keys[j - 1] ELSE d.numbers[j - 1]::text END;
                 EXIT;
             END IF;
-            IF id = ANY(present) THEN  -- an edit holds it: that edit's event, or a later run, covers it
+            IF key = ANY(present) THEN  -- an edit holds it: that edit's event, or a later run, covers it
                 left_over := left_over + 1;
                 CONTINUE;
             END IF;
-            k := array_position(lid, id);
-            SELECT * INTO s FROM feature_state f WHERE f.layer = p_layer AND f.feature_id = id FOR UPDATE;
+            k := array_position(lkey, key);
+            s := NULL;
+            SELECT * INTO s FROM feature_state f
+             WHERE f.layer = p_layer AND f.feature_id = coalesce(d.numbers[j], CASE WHEN NOT keyed THEN key::bigint END)
+               FOR UPDATE;
             change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest,
                                      lgd[k], lpd[k], llive[k]);
             CONTINUE WHEN change IS NULL;
@@ -222,32 +275,32 @@ BEGIN
                                WITH ORDINALITY q(b, j)) THEN
                         UPDATE feature_state f SET geometry_digest = lgd[k], properties_digest = lpd[k],
                                                    version = lver[k], last_event = 'baseline'
-                         WHERE f.layer = p_layer AND f.feature_id = id;
+                         WHERE f.layer = p_layer AND f.feature_id = s.feature_id;
                         CONTINUE;
                     END IF;
                     change := 'geometry';
                 END IF;
                 CASE change
-                    WHEN 'no_event' THEN PERFORM _edit(p_layer, id, lgeom[k]::geometry, 'created', NULL, NULL, true);
-                    WHEN 'geometry', 'both' THEN PERFORM _edit(p_layer, id, lgeom[k]::geometry, 'moved', NULL, NULL, true);
-                    WHEN 'properties' THEN PERFORM _edit(p_layer, id, NULL, 'updated', NULL, NULL, true);
+                    WHEN 'no_event' THEN PERFORM _edit_key(p_layer, key, lgeom[k]::geometry, 'created', NULL, NULL, true);
+                    WHEN 'geometry', 'both' THEN PERFORM _edit_key(p_layer, key, lgeom[k]::geometry, 'moved', NULL, NULL, true);
+                    WHEN 'properties' THEN PERFORM _edit_key(p_layer, key, NULL, 'updated', NULL, NULL, true);
                     ELSE  -- gone
                         IF k IS NOT NULL THEN  -- retired by hand: the event, as record_edit writes it
-                            PERFORM _edit(p_layer, id, NULL, 'retired', NULL, NULL, true);
+                            PERFORM _edit_key(p_layer, key, NULL, 'retired', NULL, NULL, true);
                         ELSE                   -- deleted: nothing to write but the event
                             UPDATE feature_state f
                                SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
                                    previous_routing_point = f.routing_point, previous_bbox = f.bbox,
                                    version = f.version + 1, last_event = 'retired', row_version = NULL,
                                    geometry_digest = NULL, properties_digest = NULL
-                             WHERE f.layer = p_layer AND f.feature_id = id;
+                             WHERE f.layer = p_layer AND f.feature_id = s.feature_id;
                             INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
-                                                layer, previous_bbox)
-                            VALUES (id, s.version + 1, 'retired', s.routing_key,
+                                                layer, previous_bbox, feature_key)
+                            VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
                                     CASE WHEN s.h3_resolution = v_res THEN s.routing_key
                                          ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
-                                    p_layer, s.bbox);
-                            PERFORM _wake_relay_for(id);
+                                    p_layer, s.bbox, s.feature_key);
+                            PERFORM _wake_relay_for(s.feature_id);
                         END IF;
                 END CASE;
                 written := written + 1;
@@ -255,23 +308,24 @@ BEGIN
                 IF SQLSTATE IN ('57014', '57P01', '40P01') THEN  -- cancel, shutdown, deadlock: stop
                     RAISE;
                 END IF;
-                RAISE WARNING 'resync of feature % of layer % failed: %', id, p_layer, SQLERRM
+                RAISE WARNING 'resync of feature % of layer % failed: %', key, p_layer, SQLERRM
                     USING HINT = 'Repair the row, then CALL feature_outbox.resync again.';
                 left_over := left_over + 1;
             END;
         END LOOP;
     END IF;
-    IF next_after IS NULL THEN
+    IF next_phase IS NULL THEN
         UPDATE layer_registry l SET drift_rows = p_left + left_over, drift_checked_at = now() WHERE l.layer = p_layer;
     END IF;
-    RETURN ARRAY[next_after, written, left_over];
+    RETURN ARRAY[next_phase::text, next_after, written::text, left_over::text];
 END
 $$;
 
-CREATE FUNCTION _resync_chunk(layer text, after bigint, chunk integer, max_hold_ms integer, left_over bigint) RETURNS bigint[]
+CREATE FUNCTION _resync_chunk(layer text, phase integer, after text, chunk integer, max_hold_ms integer, left_over bigint)
+RETURNS text[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-COMMENT ON FUNCTION _resync_chunk(text, bigint, integer, integer, bigint) IS
+COMMENT ON FUNCTION _resync_chunk(text, integer, text, integer, integer, bigint) IS
     'One chunk of resync(); callable only by roles that may execute resync.';
 
 -- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
@@ -281,18 +335,20 @@ CREATE PROCEDURE resync(layer text, max_hold_ms integer DEFAULT 100, INOUT writt
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    after bigint := -9223372036854775808;
-    r bigint[];
+    phase integer := 1;
+    after text;
+    r text[];
 BEGIN
     written := 0;
     left_over := 0;
     LOOP
-        r := feature_outbox._resync_chunk(layer, after, 200, max_hold_ms, left_over);
-        written := written + r[2];
-        left_over := left_over + r[3];
+        r := feature_outbox._resync_chunk(layer, phase, after, 200, max_hold_ms, left_over);
+        written := written + r[3]::bigint;
+        left_over := left_over + r[4]::bigint;
         COMMIT;
         EXIT WHEN r[1] IS NULL;
-        after := r[1];
+        phase := r[1]::integer;
+        after := r[2];
     END LOOP;
 END
 $$;

@@ -97,10 +97,11 @@ $$;
 -- ('features' is the built-in table). p_wkb: the geometry's (E)WKB when the caller has it already
 -- (the GeoJSON form), else NULL. p_properties: registered columns to set. p_record: record_edit,
 -- whose caller wrote the row itself (p_geom is then the stored geometry, NULL for updated and
--- retired). Every failure is a class-22 (or 23505/42704/P0002/55000) error raised before anything
--- is written.
+-- retired). p_key: a uuid or text key, canonical (see _edit_key), whose number p_feature_id is;
+-- NULL for integer keys. Every failure is a class-22 (or 23505/42704/P0002/55000) error raised
+-- before anything is written.
 CREATE FUNCTION _edit(p_layer text, p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea,
-                      p_properties jsonb, p_record boolean) RETURNS integer
+                      p_properties jsonb, p_record boolean, p_key text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -125,6 +126,8 @@ DECLARE
     w text[];             -- _layer_write: {new version, row version}
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
     v_digest uuid;        -- the built-in layer's: digest of the geometry written
+    v_key text;           -- a user layer's key as text: p_key (uuid, text), or p_feature_id
+    v_cast text;          -- the type a statement casts v_key to
     bad text;
     keys text[];          -- the keys of p_properties
     r text[];             -- a row read from the layer's table, as the caller
@@ -155,6 +158,8 @@ BEGIN
                 HINT = format('Registered layers: %s. Add one with register_layer().',
                               (SELECT string_agg(r.layer, ', ' ORDER BY r.layer) FROM layer_registry r));
         END IF;
+        v_key := coalesce(p_key, p_feature_id::text);
+        v_cast := CASE WHEN p_key IS NULL THEN 'bigint' ELSE lay.id_type::text END;
     END IF;
     IF p_properties IS NOT NULL THEN
         IF jsonb_typeof(p_properties) <> 'object' THEN
@@ -439,13 +444,13 @@ BEGIN
                 ELSE
                     -- A row written before the layer was registered: its state, from its stored geometry.
                     BEGIN
-                        r := _as_caller_row(format('SELECT ST_AsHEXEWKB(ST_Transform(t.%I, 4326)) FROM %s t WHERE t.%I = $1',
-                                                   lay.geometry_column, lay.tbl, lay.id_column), p_feature_id);
+                        r := _as_caller_row(format('SELECT ST_AsHEXEWKB(ST_Transform(t.%I, 4326)) FROM %s t WHERE t.%I = $1::%s',
+                                                   lay.geometry_column, lay.tbl, lay.id_column, v_cast), v_key);
                         shape := r[1]::geometry;
                         IF shape IS NOT NULL THEN
-                            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
+                            INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, feature_key)
                             SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-                                   (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+                                   (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6], p_key
                               FROM _routing_point(shape) q
                             ON CONFLICT (layer, feature_id) DO NOTHING;
                         END IF;
@@ -467,23 +472,23 @@ BEGIN
                                         WHEN p_record THEN 'record_' || p_event_type
                                         ELSE p_event_type END,
                           lay.tbl, lay.id_column, lay.geometry_column, lay.version_column, lay.retired_column,
-                          p_feature_id, store, p_properties::text, keys, lay.properties::text[]);
+                          v_key, v_cast, store, p_properties::text, keys, lay.properties::text[]);
         IF w IS NULL THEN
-            r := _as_caller_row(format('SELECT (%s)::text FROM %s t WHERE t.%I = $1',
+            r := _as_caller_row(format('SELECT (%s)::text FROM %s t WHERE t.%I = $1::%s',
                                        CASE WHEN lay.retired_column IS NULL THEN 'NULL::timestamptz'
                                             ELSE format('t.%I', lay.retired_column) END,
-                                       lay.tbl, lay.id_column), p_feature_id);
+                                       lay.tbl, lay.id_column, v_cast), v_key);
             old_retired := r[1]::timestamptz;
             IF p_event_type = 'created' AND r IS NOT NULL THEN
                 RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = format('feature %s already exists in layer %s%s',
-                    p_feature_id, p_layer, CASE WHEN old_retired IS NOT NULL THEN ' and is retired' ELSE '' END),
+                    v_key, p_layer, CASE WHEN old_retired IS NOT NULL THEN ' and is retired' ELSE '' END),
                     HINT = 'Send a moved or updated event to change it; ids of retired features are not reused.';
             ELSIF old_retired IS NOT NULL THEN
-                RAISE EXCEPTION 'feature % of layer % is retired', p_feature_id, p_layer USING ERRCODE = '55000',
+                RAISE EXCEPTION 'feature % of layer % is retired', v_key, p_layer USING ERRCODE = '55000',
                     DETAIL = format('It was retired at %s.', old_retired),
                     HINT = 'A retired feature takes no further edits; create a new feature id.';
             END IF;
-            RAISE EXCEPTION 'feature % does not exist in layer %', p_feature_id, p_layer USING ERRCODE = 'P0002',
+            RAISE EXCEPTION 'feature % does not exist in layer %', v_key, p_layer USING ERRCODE = 'P0002',
                 HINT = 'Send a created event first.';
         END IF;
         new_version := w[1]::integer;
@@ -491,22 +496,22 @@ BEGIN
         -- the one its last event recorded. A plain UPDATE that moved it needs a moved event.
         IF new_key IS NULL AND p_event_type = 'updated' AND lay.state_digest IS NOT NULL
            AND w[3]::uuid IS DISTINCT FROM lay.state_digest THEN
-            RAISE EXCEPTION 'the geometry of feature % of layer % changed since its last event', p_feature_id, p_layer
+            RAISE EXCEPTION 'the geometry of feature % of layer % changed since its last event', v_key, p_layer
                 USING ERRCODE = '22023',
                 DETAIL = 'It was written outside edit_feature and record_edit; an updated event would keep its old routing key.',
                 HINT = format('Send a moved event with its geometry (after the application''s own write: record_edit(%L, %s, ''moved'')), or CALL feature_outbox.resync(%L).',
-                              p_layer, p_feature_id, p_layer);
+                              p_layer, CASE WHEN p_key IS NULL THEN v_key ELSE quote_literal(v_key) END, p_layer);
         END IF;
         IF fresh AND new_key IS NULL THEN
-            RAISE EXCEPTION 'feature % of layer % has no geometry to route its event by', p_feature_id, p_layer
+            RAISE EXCEPTION 'feature % of layer % has no geometry to route its event by', v_key, p_layer
                 USING ERRCODE = '22004', HINT = 'Send a moved event with its geometry.';
         END IF;
 
         IF fresh THEN
             INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version,
-                                            geometry_digest, properties_digest, version, last_event)
+                                            geometry_digest, properties_digest, version, last_event, feature_key)
             VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2], w[3]::uuid, w[4]::uuid, new_version,
-                    p_event_type)
+                    p_event_type, p_key)
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
@@ -514,8 +519,9 @@ BEGIN
                    row_version = EXCLUDED.row_version, geometry_digest = EXCLUDED.geometry_digest,
                    properties_digest = EXCLUDED.properties_digest, version = EXCLUDED.version,
                    last_event = EXCLUDED.last_event;
-            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
-            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer, w[3]::uuid, w[4]::uuid);
+            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest,
+                                feature_key)
+            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer, w[3]::uuid, w[4]::uuid, p_key);
         ELSE
             WITH st AS (
                 UPDATE feature_state s
@@ -536,12 +542,12 @@ BEGIN
                           s.previous_bbox
             )
             INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox,
-                                geometry_digest, properties_digest)
+                                geometry_digest, properties_digest, feature_key)
             SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox,
-                   w[3]::uuid, w[4]::uuid FROM st;
+                   w[3]::uuid, w[4]::uuid, p_key FROM st;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 0 THEN
-                RAISE EXCEPTION 'feature % of layer % has no routing state', p_feature_id, p_layer USING ERRCODE = 'XX000';
+                RAISE EXCEPTION 'feature % of layer % has no routing state', v_key, p_layer USING ERRCODE = 'XX000';
             END IF;
         END IF;
     END IF;
@@ -600,14 +606,97 @@ CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETU
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 
--- For applications whose ORM writes the row itself: called after that write, in the same
--- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
--- recorded, so no role can invent an event for a change that did not happen.
+-- The same forms for a layer keyed by uuid or text (0.3.0). A text key is converted to the id
+-- column's type (22P02 when it does not fit), so text serves every layer, integer ones included.
+CREATE FUNCTION edit_feature(layer text, feature_id text, geometry text, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+CREATE FUNCTION edit_feature(layer text, feature_id text, geometry geometry, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+CREATE FUNCTION edit_feature(layer text, feature_id uuid, geometry text, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+CREATE FUNCTION edit_feature(layer text, feature_id uuid, geometry geometry, event_type text,
+                             properties jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+CREATE FUNCTION record_edit(layer text, feature_id text, event_type text) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+CREATE FUNCTION record_edit(layer text, feature_id uuid, event_type text) RETURNS integer
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+COMMENT ON FUNCTION edit_feature(text, text, text, text, jsonb) IS
+    'edit_feature(layer, ...) for a layer keyed by uuid or text: the key as the application stores it (any id type, as text).';
+COMMENT ON FUNCTION edit_feature(text, text, geometry, text, jsonb) IS
+    'edit_feature(layer, ...) for a layer keyed by uuid or text: the key as the application stores it (any id type, as text).';
+COMMENT ON FUNCTION edit_feature(text, uuid, text, text, jsonb) IS 'edit_feature(layer, ...) for a layer keyed by uuid.';
+COMMENT ON FUNCTION edit_feature(text, uuid, geometry, text, jsonb) IS 'edit_feature(layer, ...) for a layer keyed by uuid.';
+COMMENT ON FUNCTION record_edit(text, text, text) IS 'record_edit for a layer keyed by uuid or text (any id type, as text).';
+COMMENT ON FUNCTION record_edit(text, uuid, text) IS 'record_edit for a layer keyed by uuid.';
+
 CREATE FUNCTION _record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RETURN _record_edit_key(layer, feature_id::text, event_type);
+END
+$$;
+
+-- A feature's number and canonical key: for a layer keyed by uuid or text, the number its first
+-- event drew (feature_state.feature_key), or a new one from feature_key_seq; the key as text in
+-- the id type's canonical form (uuid: lowercase, hyphenated), so that one feature has one key
+-- however the caller spelt it. For integer keys the number is the key and `canonical` is NULL.
+-- 22P02 for a key that is not of the id column's type.
+CREATE FUNCTION _feature_number(lay layer_registry, p_key text, OUT number bigint, OUT canonical text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF lay.id_type IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) THEN
+        number := p_key::bigint;
+        RETURN;
+    END IF;
+    canonical := CASE WHEN lay.id_type = 'uuid'::regtype THEN p_key::uuid::text ELSE p_key END;
+    SELECT s.feature_id INTO number FROM feature_state s WHERE s.layer = lay.layer AND s.feature_key = canonical;
+    IF number IS NULL THEN
+        number := nextval('feature_key_seq');
+    END IF;
+END
+$$;
+
+-- edit_feature(layer, <uuid or text key>, ...): the feature's number, then _edit. Also serves
+-- integer keys given as text ('42').
+CREATE FUNCTION _edit_key(p_layer text, p_key text, p_geom geometry, p_event_type text, p_wkb bytea,
+                          p_properties jsonb, p_record boolean) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry;
+    f record;
+BEGIN
+    SELECT * INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+    IF NOT FOUND OR p_key IS NULL THEN  -- _edit raises the error (42704, 22004)
+        RETURN _edit(p_layer, CASE WHEN p_key IS NOT NULL THEN 0 END, p_geom, p_event_type, p_wkb, p_properties, p_record);
+    END IF;
+    f := _feature_number(lay, p_key);
+    RETURN _edit(p_layer, f.number, p_geom, p_event_type, p_wkb, p_properties, p_record, f.canonical);
+END
+$$;
+
+-- For applications whose ORM writes the row itself: called after that write, in the same
+-- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
+-- recorded, so no role can invent an event for a change that did not happen. `key`: the feature's
+-- key as text, of any id type.
+CREATE FUNCTION _record_edit_key(layer text, key text, event_type text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    lay layer_registry;
+    f record;
     r text[];             -- {xmin, row version, geometry (HEXEWKB)}, read as the caller
     recorded text;
 BEGIN
@@ -616,36 +705,39 @@ BEGIN
             HINT = 'The built-in layer features is written by edit_feature(feature_id, geometry, event_type).';
     END IF;
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(layer));
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = _record_edit.layer;
-    IF NOT FOUND OR feature_id IS NULL OR event_type IS NULL
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = _record_edit_key.layer;
+    IF NOT FOUND OR key IS NULL OR event_type IS NULL
        OR event_type NOT IN ('created', 'moved', 'retired', 'updated') THEN
-        RETURN _edit(layer, feature_id, NULL, event_type, NULL, NULL, true);  -- raises the input's error
+        RETURN _edit_key(layer, key, NULL, event_type, NULL, NULL, true);  -- raises the input's error
     END IF;
-    r := _as_caller_row(format('SELECT t.xmin::text, %s, ST_AsHEXEWKB(t.%I) FROM %s t WHERE t.%I = $1',
+    f := _feature_number(lay, key);
+    r := _as_caller_row(format('SELECT t.xmin::text, %s, ST_AsHEXEWKB(t.%I) FROM %s t WHERE t.%I = $1::%s',
                                't.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text',
-                               lay.geometry_column, lay.tbl, lay.id_column), feature_id);
+                               lay.geometry_column, lay.tbl, lay.id_column,
+                               CASE WHEN f.canonical IS NULL THEN 'bigint' ELSE lay.id_type::text END),
+                        coalesce(f.canonical, key));
     IF r IS NULL THEN
-        RAISE EXCEPTION 'feature % does not exist in layer %', feature_id, layer USING ERRCODE = 'P0002',
+        RAISE EXCEPTION 'feature % does not exist in layer %', coalesce(f.canonical, key), layer USING ERRCODE = 'P0002',
             HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction.';
     END IF;
     SELECT s.row_version INTO recorded FROM feature_state s
-     WHERE s.layer = _record_edit.layer AND s.feature_id = _record_edit.feature_id;
+     WHERE s.layer = _record_edit_key.layer AND s.feature_id = f.number;
     IF event_type = 'created' AND FOUND THEN
-        RAISE EXCEPTION 'feature % of layer % has events already', feature_id, layer USING ERRCODE = '23505',
+        RAISE EXCEPTION 'feature % of layer % has events already', coalesce(f.canonical, key), layer USING ERRCODE = '23505',
             HINT = 'Record a moved or updated event for a row that was written before.';
     END IF;
     -- A retired event makes its change itself (sets the retired column, or deletes the row).
     IF event_type <> 'retired' AND NOT _written_by_this_transaction(r[1]::xid) THEN
-        RAISE EXCEPTION 'feature % of layer % was not written by this transaction', feature_id, layer
+        RAISE EXCEPTION 'feature % of layer % was not written by this transaction', coalesce(f.canonical, key), layer
             USING ERRCODE = '55000',
             HINT = 'record_edit records a change this transaction made: write the row first, then call it before COMMIT.';
     END IF;
     IF r[2] = recorded THEN
-        RAISE EXCEPTION 'the current row of feature % of layer % has its event already', feature_id, layer
+        RAISE EXCEPTION 'the current row of feature % of layer % has its event already', coalesce(f.canonical, key), layer
             USING ERRCODE = '55000', HINT = 'Write the row again before recording another event for it.';
     END IF;
-    RETURN _edit(layer, feature_id, CASE WHEN event_type IN ('created', 'moved') THEN r[3]::geometry END,
-                 event_type, NULL, NULL, true);
+    RETURN _edit(layer, f.number, CASE WHEN event_type IN ('created', 'moved') THEN r[3]::geometry END,
+                 event_type, NULL, NULL, true, f.canonical);
 END
 $$;
 COMMENT ON FUNCTION record_edit(text, bigint, text) IS

@@ -8,15 +8,26 @@ REVOKE ALL ON FUNCTION edit_feature(bigint, geometry, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(text, bigint, text, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION record_edit(text, bigint, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, text, text, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, text, geometry, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, uuid, text, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION edit_feature(text, uuid, geometry, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION record_edit(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION record_edit(text, uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit_key(text, text, geometry, text, bytea, jsonb, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _record_edit_key(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _feature_number(layer_registry, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _edit(text, bigint, geometry, text, bytea, jsonb, boolean, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _record_edit(text, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _unregister_layer(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _layer_write_row(text, text, oid, text, text, text, text, bigint, anyelement, text, text[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _layer_write_row(text, text, oid, text, text, text, text, text, text, anyelement, text, text[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _as_caller_row(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _as_caller_row(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION retry_parked() FROM PUBLIC;
 REVOKE ALL ON FUNCTION _as_caller_rows(text, bigint[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION __backfill_chunk(text, geometry, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _as_caller_rows(text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __backfill_chunk(text, geometry, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __backfill_state(text, bigint, geometry, integer) FROM PUBLIC;
 -- Snapshots reach every subscriber: backfill is the operator's (GRANT EXECUTE to a role that may).
 -- _backfill_chunk stays callable, since backfill runs as its caller; it checks EXECUTE on backfill.
@@ -24,10 +35,10 @@ REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
 -- drift() and resync() are the operator's too; their chunks check EXECUTE on them, as backfill's do.
 REVOKE ALL ON FUNCTION drift(text) FROM PUBLIC;
 REVOKE ALL ON PROCEDURE resync(text, integer, bigint, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION __drift_rows(layer_registry, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_rows(layer_registry, integer, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_layer(text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION __drift_chunk(text, bigint, integer, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION __resync_chunk(text, bigint, integer, integer, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __drift_chunk(text, integer, text, integer, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __resync_chunk(text, integer, text, integer, integer, bigint) FROM PUBLIC;
 -- Registering a layer is the table owner's decision, and metrics() reads the relay's health: grant
 -- them to the roles that need them. routing_key() stays public: it computes, it reads nothing.
 REVOKE ALL ON FUNCTION register_layer(text, regclass, name, name, name, name[], name) FROM PUBLIC;

@@ -39,7 +39,11 @@ CREATE TABLE outbox (
     -- its registered properties (_properties_digest). drift() compares a row with its last event's.
     -- NULL for events written before 0.3.0.
     geometry_digest      uuid,
-    properties_digest    uuid
+    properties_digest    uuid,
+    -- The feature's key as the application stores it, for a layer keyed by uuid or text (0.3.0);
+    -- feature_id is then the extension's own number for it (feature_state.feature_key). NULL for
+    -- integer keys, which feature_id is.
+    feature_key          text
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';
@@ -88,8 +92,15 @@ CREATE TABLE feature_state (
     properties_digest       uuid,
     version                 integer,
     last_event              text,
+    -- A uuid or text key (canonical text form), for which feature_id is a number drawn from
+    -- feature_key_seq at the feature's first event; NULL for integer keys.
+    feature_key             text,
     PRIMARY KEY (layer, feature_id)
 );
+CREATE UNIQUE INDEX feature_state_key ON feature_state (layer, feature_key) WHERE feature_key IS NOT NULL;
+-- Numbers for uuid and text keys: per-feature order, partitioning and state run on bigints.
+CREATE SEQUENCE feature_key_seq;
+SELECT pg_catalog.pg_extension_config_dump('feature_key_seq', '');
 COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution, routing point and bounding box, now and before the last edit.';
 SELECT pg_catalog.pg_extension_config_dump('feature_state', '');
 
@@ -118,7 +129,10 @@ CREATE TABLE layer_registry (
     -- Set by the relay when the layer's table or a registered column is gone (dropped past the DDL
     -- guard): its rows wait, unpublished and unparked, until release_layer() clears these.
     held_since       timestamptz,
-    held_reason      text
+    held_reason      text,
+    -- The id column's type: smallint, integer, bigint (the key is feature_id), uuid, text or
+    -- character varying (0.3.0: feature_key).
+    id_type          regtype  NOT NULL DEFAULT 'bigint'
 );
 COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
 INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, retired_column, srid, geometry_type)

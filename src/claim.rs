@@ -31,7 +31,7 @@ pub const CLAIM_SQL: &str = "
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       o.row_failures, o.layer, o.previous_bbox
+       o.row_failures, o.layer, o.previous_bbox, o.feature_key
   FROM feature_outbox.outbox o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
@@ -45,15 +45,16 @@ SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.
  LIMIT $1
    FOR UPDATE OF o SKIP LOCKED";
 
-// Each layer's read statement, built from its registry row: the current version, the geometry in
+// Each layer's read statement, built from its registry row: the key as text (the claimed keys, a
+// text[], are cast to the id column's type, bigint for integer keys), the current version, the geometry in
 // EPSG:4326 as WKB, and the registered properties as one JSON object (to_jsonb of each column;
 // jsonb_build_object takes at most 50 pairs, so longer lists are joined with ||). Every function is
 // schema-qualified (PostGIS by its own schema), so no search_path can redirect the call. A NULL
 // table: the table was dropped.
 const LAYERS_SQL: &str = "
 SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint, r.since_id, c.relowner,
-       format('SELECT t.%1$I::bigint, t.%2$I, %6$I.ST_AsBinary(%6$I.ST_Transform(t.%3$I, 4326)), (%4$s)::text '
-              'FROM %5$s t WHERE t.%1$I = ANY($1)',
+       format('SELECT t.%1$I::text, t.%2$I, %6$I.ST_AsBinary(%6$I.ST_Transform(t.%3$I, 4326)), (%4$s)::text '
+              'FROM %5$s t WHERE t.%1$I = ANY($1::text[]::%7$s[])',
               r.id_column, r.version_column, r.geometry_column,
               coalesce((SELECT string_agg(part, ' || ')
                           FROM (SELECT 'pg_catalog.jsonb_build_object(' ||
@@ -61,7 +62,8 @@ SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint, r.since_id, c.relowner,
                                   FROM unnest(r.properties) WITH ORDINALITY u(p, i)
                                  GROUP BY (i - 1) / 50) parts),
                        '''{}''::jsonb'),
-              r.tbl, g.nspname)
+              r.tbl, g.nspname,
+              CASE WHEN r.id_type IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'bigint' ELSE r.id_type::text END)
   FROM feature_outbox.layer_registry r
   LEFT JOIN pg_catalog.pg_class c ON c.oid = r.tbl
  CROSS JOIN (SELECT n.nspname FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
@@ -96,6 +98,7 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
             id: r.get::<i64>(1).map_err(text)?.unwrap_or_default(),
             event_id: get_s(2)?.unwrap_or_default(),
             feature_id: r.get::<i64>(3).map_err(text)?.unwrap_or_default(),
+            feature_key: get_s(12)?,
             feature_version: r.get::<i32>(4).map_err(text)?.unwrap_or_default(),
             event_type: get_s(5)?.unwrap_or_default(),
             routing_key: get_s(6)?.unwrap_or_default(),
@@ -169,7 +172,7 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
     for layer in names {
         let read = reads.remove(&layer).unwrap_or_else(|| Err((format!("layer \"{layer}\" is not registered"), false)));
         let since = read.as_ref().map(|(since, _, _)| *since).unwrap_or(0);
-        let ids: Vec<i64> = rows.iter().filter(|r| r.layer == layer && r.id >= since).map(|r| r.feature_id).collect();
+        let ids: Vec<String> = rows.iter().filter(|r| r.layer == layer && r.id >= since).map(|r| r.key()).collect();
         let current = read.and_then(|(_, owner, sql)| {
             read_layer(&sql, owner, ids).map_err(|f| (format!("cannot read its table: {}", f.message), holds(f.code)))
         });
@@ -192,7 +195,7 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
             row.registration_id = since;
             match &current {
                 Ok(by_id) => {
-                    if let Some((version, geometry, properties)) = by_id.get(&row.feature_id) {
+                    if let Some((version, geometry, properties)) = by_id.get(&row.key()) {
                         row.geometry_version = *version;
                         row.geometry = geometry.clone();
                         row.properties = match properties {
@@ -224,16 +227,16 @@ fn hold(client: &mut SpiClient<'_>, layer: &str, reason: &str) -> Result<(), Str
 
 /// Reads one layer's rows as the table's owner, in a restricted context, as PostgreSQL runs VACUUM
 /// and ANALYZE: code the owner controls (casts, to_jsonb of their types) runs with their rights only.
-fn read_layer(sql: &str, owner: pg_sys::Oid, ids: Vec<i64>) -> Result<HashMap<i64, Current>, subxact::Failure> {
+fn read_layer(sql: &str, owner: pg_sys::Oid, ids: Vec<String>) -> Result<HashMap<String, Current>, subxact::Failure> {
     let context = crate::roles::current().context;
     let _owner = crate::roles::As::enter(owner, context, pg_sys::SECURITY_RESTRICTED_OPERATION);
     subxact::run(|| {
         Spi::connect(|client| {
-            let plan = prepared(client, sql, &[pg_sys::INT8ARRAYOID], false);
+            let plan = prepared(client, sql, &[pg_sys::TEXTARRAYOID], false);
             let table = client.select(&*plan, None, &[ids.into()]).unwrap_or_else(|e| error!("{e}"));
             let mut by_id = HashMap::with_capacity(table.len());
             for r in table {
-                let id = r.get::<i64>(1).unwrap_or_else(|e| error!("{e}")).unwrap_or_default();
+                let id = r.get::<String>(1).unwrap_or_else(|e| error!("{e}")).unwrap_or_default();
                 let version = r.get::<i32>(2).unwrap_or_else(|e| error!("{e}"));
                 let geometry = r.get::<Vec<u8>>(3).unwrap_or_else(|e| error!("{e}"));
                 let properties = r.get::<String>(4).unwrap_or_else(|e| error!("{e}"));

@@ -20,7 +20,11 @@ pub struct Row {
     /// The layer's registration (layer_registry.since_id): a table registered again under an old
     /// name gets a higher one, and its features' versions start again. 0 for the built-in table.
     pub registration_id: i64,
+    /// The extension's number for the feature: its key for an integer-keyed layer, else the number
+    /// drawn for its uuid or text key (`feature_key`). Per-feature order and partitions run on it.
     pub feature_id: i64,
+    /// A uuid or text key, as the application stores it (canonical text); None for integer keys.
+    pub feature_key: Option<String>,
     pub feature_version: i32,
     pub event_type: String,
     pub routing_key: String,
@@ -39,6 +43,13 @@ pub struct Row {
     /// Why the row's layer could not be read (table dropped or altered): the row fails alone.
     pub read_error: Option<String>,
     pub row_failures: i32,
+}
+
+impl Row {
+    /// The feature's key as events carry it: the application's own key, as text.
+    pub fn key(&self) -> String {
+        self.feature_key.clone().unwrap_or_else(|| self.feature_id.to_string())
+    }
 }
 
 /// The event JSON (schema 3): the guide's fields plus event_id, layer, previous_routing_key, bbox,
@@ -112,7 +123,7 @@ fn build(row: &Row, relayed_at: &str, geometry: Option<Box<RawValue>>, geometry_
         layer: &row.layer,
         registration_id: row.registration_id,
         action: &row.event_type,
-        feature_id: row.feature_id.to_string(),
+        feature_id: row.key(),
         event_version: row.feature_version,
         geometry_version: row.geometry_version,
         routing_key: &row.routing_key,
@@ -154,6 +165,7 @@ pub(crate) mod tests {
             layer: "parcels".into(),
             registration_id: 7001,
             feature_id: 4471,
+            feature_key: None,
             feature_version: 2,
             event_type: "moved".into(),
             routing_key: "881f1d4891fffff".into(),

@@ -57,11 +57,16 @@ pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCal
         let nargs = (*fcinfo).nargs as usize;
         let types: Vec<pg_sys::Oid> = (0..nargs).map(|i| pgrx::fcinfo::pg_getarg_type(fcinfo, i)).collect();
         let params = (1..=nargs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        // A uuid or text key (the forms whose feature_id is not bigint) goes through _edit_key and
+        // _record_edit_key, which find the feature's number for it.
+        let keyed = matches!(types.get(1), Some(&pg_sys::TEXTOID) | Some(&pg_sys::UUIDOID));
+        let edit = if keyed { "_edit_key($1, $2::text" } else { "_edit($1, $2" };
         let sql = match name.as_str() {
             "edit_feature" if types.get(2) == Some(&pg_sys::TEXTOID) => {
-                "SELECT feature_outbox._edit($1, $2, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)".to_string()
+                format!("SELECT feature_outbox.{edit}, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)")
             }
-            "edit_feature" => "SELECT feature_outbox._edit($1, $2, $3, $4, NULL, $5, false)".to_string(),
+            "edit_feature" => format!("SELECT feature_outbox.{edit}, $3, $4, NULL, $5, false)"),
+            "record_edit" if keyed => "SELECT feature_outbox._record_edit_key($1, $2::text, $3)".to_string(),
             other => format!("SELECT feature_outbox._{other}({params})"),
         };
         let args: Vec<DatumWithOid> = (0..nargs)
@@ -164,10 +169,21 @@ fn _written_by_this_transaction(xmin: pg_sys::TransactionId) -> bool {
 /// reads of a layer's table, so that they see what the caller may see.
 #[pg_extern(volatile)]
 fn _as_caller_row(sql: &str, feature_id: i64) -> Option<Vec<Option<String>>> {
+    caller_row(sql, pg_sys::INT8OID, feature_id.into())
+}
+
+/// As `_as_caller_row(sql, bigint)`, `$1` the feature's key as text (the statement casts it to the
+/// id column's type): for every layer since 0.3.0, uuid and text keys included.
+#[pg_extern(volatile, name = "_as_caller_row")]
+fn _as_caller_row_key(sql: &str, key: &str) -> Option<Vec<Option<String>>> {
+    caller_row(sql, pg_sys::TEXTOID, key.into())
+}
+
+fn caller_row(sql: &str, oid: pg_sys::Oid, arg: DatumWithOid) -> Option<Vec<Option<String>>> {
     let _caller = as_caller();
     Spi::connect(|client| {
-        let plan = prepared(client, sql, &[pg_sys::INT8OID], false);
-        let table = client.select(&*plan, Some(1), &[feature_id.into()]).unwrap_or_else(|e| error!("{e}"));
+        let plan = prepared(client, sql, &[oid], false);
+        let table = client.select(&*plan, Some(1), &[arg]).unwrap_or_else(|e| error!("{e}"));
         if table.is_empty() {
             return None;
         }
@@ -182,10 +198,21 @@ fn _as_caller_row(sql: &str, feature_id: i64) -> Option<Vec<Option<String>>> {
 /// text. For backfill's reads of a layer's table, with the caller's rights.
 #[pg_extern(volatile)]
 fn _as_caller_rows(sql: &str, args: Vec<Option<i64>>) -> SetOfIterator<'static, Vec<Option<String>>> {
+    caller_rows(sql, pg_sys::INT8ARRAYOID, args.into())
+}
+
+/// As `_as_caller_rows(sql, bigint[])`, `$1` a text[]: keys of any type, and the chunk cursors of
+/// backfill, drift and resync, which the statement casts to the id column's type.
+#[pg_extern(volatile, name = "_as_caller_rows")]
+fn _as_caller_rows_text(sql: &str, args: Vec<Option<String>>) -> SetOfIterator<'static, Vec<Option<String>>> {
+    caller_rows(sql, pg_sys::TEXTARRAYOID, args.into())
+}
+
+fn caller_rows(sql: &str, oid: pg_sys::Oid, args: DatumWithOid) -> SetOfIterator<'static, Vec<Option<String>>> {
     let _caller = as_caller();
     let rows: Vec<Vec<Option<String>>> = Spi::connect_mut(|client| {
-        let plan = prepared(client, sql, &[pg_sys::INT8ARRAYOID], true);
-        let table = client.update(&*plan, None, &[args.into()]).unwrap_or_else(|e| error!("{e}"));
+        let plan = prepared(client, sql, &[oid], true);
+        let table = client.update(&*plan, None, &[args]).unwrap_or_else(|e| error!("{e}"));
         table
             .map(|row| {
                 let n = row.columns();
@@ -229,6 +256,8 @@ struct Target {
     retired: Option<String>,
     /// A partitioned table cannot return system columns from INSERT: the row version is read after.
     partitioned: bool,
+    /// The key parameter as the statement uses it: `$1` (a bigint), or `$1::uuid` and the like (text).
+    key: String,
 }
 
 const ROW_VERSION: &str = "t.tableoid::oid::text || ':' || t.ctid::text || ':' || t.xmin::text";
@@ -262,7 +291,7 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool, registe
     }
     if op == "created" {
         let cols: Vec<String> = [id.clone(), geometry.clone(), version.clone()].into_iter().chain(props()).collect();
-        let vals: Vec<String> = ["$1".to_string(), "$3".into(), "1".into()].into_iter().chain(props().iter().map(|p| format!("r.{p}"))).collect();
+        let vals: Vec<String> = [t.key.clone(), "$3".into(), "1".into()].into_iter().chain(props().iter().map(|p| format!("r.{p}"))).collect();
         return format!(
             "INSERT INTO {} AS t ({}) SELECT {}{from} ON CONFLICT ({id}) DO NOTHING RETURNING {returning}",
             t.tbl,
@@ -272,7 +301,7 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool, registe
     }
     if op == "delete" {
         let digests = registered.map(|r| format!(", {}", digests(geometry, r))).unwrap_or_default();
-        return format!("DELETE FROM {} AS t WHERE t.{id} = $1 RETURNING t.{version} + 1, NULL::text{digests}", t.tbl);
+        return format!("DELETE FROM {} AS t WHERE t.{id} = {} RETURNING t.{version} + 1, NULL::text{digests}", t.tbl, t.key);
     }
     // moved, updated, retired (with a retired column), and record_edit's record_* forms.
     let mut set = vec![match op {
@@ -294,7 +323,7 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool, registe
         (Some(r), "moved" | "updated" | "retired" | "record_moved" | "record_updated") => format!(" AND t.{r} IS NULL"),
         _ => String::new(),
     };
-    format!("UPDATE {} AS t SET {}{from} WHERE t.{id} = $1{live} RETURNING {returning}", t.tbl, set.join(", "))
+    format!("UPDATE {} AS t SET {}{from} WHERE t.{id} = {}{live} RETURNING {returning}", t.tbl, set.join(", "), t.key)
 }
 
 /// 0.2.0's declaration of the layer write (its install script names this symbol): as
@@ -315,10 +344,12 @@ fn _layer_write(
     keys: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    write(layer, op, &columns, feature_id, geometry, properties, keys, None)
+    write(layer, op, &columns, Key::Id(feature_id), geometry, properties, keys, None)
 }
 
-/// Writes feature `feature_id` of a user layer as the caller of the running edit function. `op`:
+/// Writes feature `key` of a user layer as the caller of the running edit function. `key`: the
+/// feature's key as text, converted to `id_type` (the id column's type; bigint for integer keys).
+/// `op`:
 /// created, moved, updated, retired, delete, or record_created / record_moved / record_updated /
 /// record_retired (record_edit: the version, and the retired column, only). `tbl`: the table's OID;
 /// the column names as registered. `geometry`: what to store, already in the column's SRID, or NULL
@@ -339,14 +370,39 @@ fn _layer_write_row(
     geometry_column: &str,
     version_column: &str,
     retired_column: Option<&str>,
-    feature_id: i64,
+    key: &str,
+    id_type: &str,
     geometry: Option<AnyElement>,
     properties: Option<&str>,
     keys: Option<Vec<String>>,
     registered: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    write(layer, op, &columns, feature_id, geometry, properties, keys, Some(registered.unwrap_or_default()))
+    let key = Key::Text(key.to_string(), id_type.to_string());
+    write(layer, op, &columns, key, geometry, properties, keys, Some(registered.unwrap_or_default()))
+}
+
+/// A feature's key as a write binds it: 0.2.0's bigint, or text cast to the id column's type.
+enum Key {
+    Id(i64),
+    Text(String, String),
+}
+
+impl Key {
+    /// `$1` as the statement uses it.
+    fn param(&self) -> String {
+        match self {
+            Key::Id(_) => "$1".into(),
+            Key::Text(_, id_type) => format!("$1::{id_type}"),
+        }
+    }
+
+    fn bind(&self) -> (pg_sys::Oid, DatumWithOid<'_>) {
+        match self {
+            Key::Id(id) => (pg_sys::INT8OID, (*id).into()),
+            Key::Text(key, _) => (pg_sys::TEXTOID, key.as_str().into()),
+        }
+    }
 }
 
 /// A layer's registered table and columns.
@@ -363,7 +419,7 @@ fn write(
     layer: &str,
     op: &str,
     c: &Columns,
-    feature_id: i64,
+    key: Key,
     geometry: Option<AnyElement>,
     properties: Option<&str>,
     keys: Option<Vec<String>>,
@@ -379,6 +435,7 @@ fn write(
         version: quote(c.version_column),
         retired: c.retired_column.map(quote),
         partitioned,
+        key: key.param(),
     };
     let geometry_oid = geometry.as_ref().map(|g| g.oid());
     let sql = statement(&target, op, &keys, geometry_oid.is_some(), registered.as_deref());
@@ -386,8 +443,9 @@ fn write(
         check_properties(layer, &target.tbl, &keys, properties.unwrap_or("{}"));
     }
     let written = Spi::connect_mut(|client| {
-        let mut types = vec![pg_sys::INT8OID, pg_sys::TEXTOID];
-        let mut args: Vec<DatumWithOid> = vec![feature_id.into(), properties.into()];
+        let (key_oid, key_arg) = key.bind();
+        let mut types = vec![key_oid, pg_sys::TEXTOID];
+        let mut args: Vec<DatumWithOid> = vec![key_arg, properties.into()];
         if let (Some(g), Some(oid)) = (geometry, geometry_oid) {
             types.push(oid);
             args.push(unsafe { DatumWithOid::new(g, oid) });
@@ -413,10 +471,11 @@ fn write(
         Some(out)
     })?;
     if target.partitioned && op != "delete" {
-        let sql = format!("SELECT {ROW_VERSION} FROM {} t WHERE t.{} = $1", target.tbl, target.id);
+        let sql = format!("SELECT {ROW_VERSION} FROM {} t WHERE t.{} = {}", target.tbl, target.id, target.key);
         let row_version = Spi::connect(|client| {
-            let plan = prepared(client, &sql, &[pg_sys::INT8OID], false);
-            client.select(&*plan, Some(1), &[feature_id.into()]).ok().and_then(|t| t.first().get::<String>(1).ok().flatten())
+            let (key_oid, key_arg) = key.bind();
+            let plan = prepared(client, &sql, &[key_oid], false);
+            client.select(&*plan, Some(1), &[key_arg]).ok().and_then(|t| t.first().get::<String>(1).ok().flatten())
         });
         let mut out = written;
         out[1] = row_version;
@@ -494,6 +553,7 @@ mod tests {
             version: quote("version"),
             retired: Some(quote("retired_at")),
             partitioned,
+            key: "$1".into(),
         }
     }
 

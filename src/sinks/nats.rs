@@ -366,7 +366,7 @@ async fn send(
 
 fn headers(row: &Row) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert("Feature-Id", row.feature_id.to_string().as_str());
+    h.insert("Feature-Id", row.key().as_str());
     h.insert("Feature-Version", row.feature_version.to_string().as_str());
     if let Some(prev) = &row.previous_routing_key {
         h.insert("Previous-Routing-Key", prev.as_str());
