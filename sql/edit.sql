@@ -79,20 +79,6 @@ BEGIN
 END
 $$;
 
--- The digest of a layer row's registered properties, ROW(t.p1, t.p2, ...) in their registered order
--- (ROW() for none): md5 of its text form, 16 bytes as uuid. The settings that change how values
--- print (time zone, date, interval and float styles, bytea) are fixed, so every session computes
--- the same digest for the same values. Change detection, not security: the rows are the caller's.
-CREATE FUNCTION _properties_digest(r record) RETURNS uuid
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET "TimeZone" = 'UTC' SET "DateStyle" = 'ISO, YMD' SET "IntervalStyle" = 'postgres'
-SET extra_float_digits = 1 SET bytea_output = 'hex'
-AS $$
-BEGIN
-    RETURN md5(r::text)::uuid;
-END
-$$;
-
 -- The write path behind every edit_feature form and record_edit. p_layer: a registered layer
 -- ('features' is the built-in table). p_wkb: the geometry's (E)WKB when the caller has it already
 -- (the GeoJSON form), else NULL. p_properties: registered columns to set. p_record: record_edit,

@@ -792,20 +792,13 @@ COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per la
 
 -- Digests, drift and resync (issue 20: routing follows the geometry, drift shown and repaired) ------
 
--- The digest of a layer row's registered properties, ROW(t.p1, t.p2, ...) in their registered order
--- (ROW() for none): md5 of its text form, 16 bytes as uuid. The settings that change how values
--- print (time zone, date, interval and float styles, bytea) are fixed, so every session computes
--- the same digest for the same values. Change detection, not security: the rows are the caller's.
-CREATE FUNCTION _properties_digest(r record) RETURNS uuid
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET "TimeZone" = 'UTC' SET "DateStyle" = 'ISO, YMD' SET "IntervalStyle" = 'postgres'
-SET extra_float_digits = 1 SET bytea_output = 'hex'
-AS $$
-BEGIN
-    RETURN md5(r::text)::uuid;
-END
-$$;
-
+-- The digest of a layer row's registered properties (src/edit/digest.rs).
+CREATE  FUNCTION "_properties_digest"(
+	"row" anyelement /* AnyElement */
+) RETURNS uuid /* Uuid */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_properties_digest_wrapper';
 
 -- The layer write returns the row's digests and takes keys of any type; 0.2.0's _layer_write goes
 -- (its symbol stays).

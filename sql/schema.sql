@@ -35,8 +35,8 @@ CREATE TABLE outbox (
     -- Bounding box of the geometry before this edit, {west, south, east, north} in EPSG:4326 degrees
     -- (RFC 7946 §5), from the per-feature state at write time; NULL for created and snapshot.
     previous_bbox        float8[],
-    -- Digests of the row as this edit wrote it (md5, 16 bytes as uuid): of its geometry's EWKB and of
-    -- its registered properties (_properties_digest). drift() compares a row with its last event's.
+    -- Digests of the row as this edit wrote it (16 bytes as uuid): md5 of its geometry's EWKB, and of
+    -- its registered properties' stored values (_properties_digest, src/edit/digest.rs). drift() compares a row with its last event's.
     -- NULL for events written before 0.3.0.
     geometry_digest      uuid,
     properties_digest    uuid,

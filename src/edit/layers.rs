@@ -262,7 +262,7 @@ struct Target {
 
 const ROW_VERSION: &str = "t.tableoid::oid::text || ':' || t.ctid::text || ':' || t.xmin::text";
 
-/// The digests of a row as written (uuid text each; see sql/edit.sql, _properties_digest): of its
+/// The digests of a row as written (uuid text each; see src/edit/digest.rs, _properties_digest): of its
 /// geometry's EWKB and of its registered properties (`registered`, in their order).
 pub fn digests(geometry: &str, registered: &[String]) -> String {
     let props: Vec<String> = registered.iter().map(|p| format!("t.{}", quote(p))).collect();

@@ -9,6 +9,7 @@ use crate::input_error::{Code, InputError};
 use crate::{geojson, routing, settings};
 
 mod area_of_use;
+mod digest;
 pub mod inspect;
 pub mod layers;
 mod polar;
