@@ -89,11 +89,16 @@ BEGIN
                                       CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END,
                                       _row_digests_sql(lay.geometry_column, lay.properties::text[]), v_cast),
                                ARRAY[p_after, p_limit::text]) WITH ORDINALITY x(x, i);
-        -- Each key's number: its own for integer keys, else the one its first event drew (a new one
-        -- for a row that has no event yet; its state below records the key).
+        -- Each key's number: its own for integer keys, else the one its first event drew (a new one,
+        -- recorded in feature_keys, for a row that has no event yet).
+        IF keyed THEN
+            INSERT INTO feature_keys (layer, feature_key, feature_id)
+            SELECT p_layer, u.k, nextval('feature_key_seq') FROM unnest(ckeys) u(k)
+             WHERE NOT EXISTS (SELECT 1 FROM feature_keys f WHERE f.layer = p_layer AND f.feature_key = u.k)
+            ON CONFLICT (layer, feature_key) DO NOTHING;
+        END IF;
         candidates := ARRAY(SELECT CASE WHEN NOT keyed THEN k::bigint
-                                        ELSE coalesce((SELECT s.feature_id FROM feature_state s
-                                                        WHERE s.layer = p_layer AND s.feature_key = k), nextval('feature_key_seq')) END
+                                        ELSE (SELECT f.feature_id FROM feature_keys f WHERE f.layer = p_layer AND f.feature_key = k) END
                               FROM unnest(ckeys) WITH ORDINALITY u(k, i) ORDER BY i);
     END IF;
     IF ckeys IS NULL THEN

@@ -77,7 +77,7 @@ BEGIN
                                       u.gd, u.pd, u.live) AS change
                   FROM unnest(rk, rgd, rpd, rlive) WITH ORDINALITY u(k, gd, pd, live, i)
                   LEFT JOIN feature_state s ON s.layer = lay.layer
-                        AND s.feature_id = CASE WHEN keyed THEN (SELECT f.feature_id FROM feature_state f
+                        AND s.feature_id = CASE WHEN keyed THEN (SELECT f.feature_id FROM feature_keys f
                                                                   WHERE f.layer = lay.layer AND f.feature_key = u.k)
                                                 ELSE u.k::bigint END) c
          WHERE c.change IS NOT NULL;

@@ -634,7 +634,8 @@ END
 $$;
 
 -- A feature's number and canonical key: for a layer keyed by uuid or text, the number its first
--- event drew (feature_state.feature_key), or a new one from feature_key_seq; the key as text in
+-- event drew (feature_keys), or a new one from feature_key_seq, recorded there (two first events
+-- of one key wait for each other and get the same number); the key as text in
 -- the id type's canonical form (uuid: lowercase, hyphenated), so that one feature has one key
 -- however the caller spelt it. For integer keys the number is the key and `canonical` is NULL.
 -- 22P02 for a key that is not of the id column's type.
@@ -647,9 +648,14 @@ BEGIN
         RETURN;
     END IF;
     canonical := CASE WHEN lay.id_type = 'uuid'::regtype THEN p_key::uuid::text ELSE p_key END;
-    SELECT s.feature_id INTO number FROM feature_state s WHERE s.layer = lay.layer AND s.feature_key = canonical;
+    SELECT k.feature_id INTO number FROM feature_keys k WHERE k.layer = lay.layer AND k.feature_key = canonical;
     IF number IS NULL THEN
-        number := nextval('feature_key_seq');
+        INSERT INTO feature_keys (layer, feature_key, feature_id) VALUES (lay.layer, canonical, nextval('feature_key_seq'))
+        ON CONFLICT (layer, feature_key) DO NOTHING
+        RETURNING feature_id INTO number;
+        IF number IS NULL THEN  -- drawn meanwhile by a concurrent first event, now committed
+            SELECT k.feature_id INTO number FROM feature_keys k WHERE k.layer = lay.layer AND k.feature_key = canonical;
+        END IF;
     END IF;
 END
 $$;

@@ -9,10 +9,19 @@
 ALTER TABLE outbox ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid, ADD COLUMN feature_key text;
 ALTER TABLE feature_state ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid,
                           ADD COLUMN version integer, ADD COLUMN last_event text, ADD COLUMN feature_key text;
--- uuid and text keys (feature_key): numbers for them, and one state row per key.
-CREATE UNIQUE INDEX feature_state_key ON feature_state (layer, feature_key) WHERE feature_key IS NOT NULL;
+-- uuid and text keys (feature_key): their numbers.
 CREATE SEQUENCE feature_key_seq;
+CREATE TABLE feature_keys (
+    layer        text   NOT NULL,
+    feature_key  text   NOT NULL,  -- canonical text of a uuid or text key
+    feature_id   bigint NOT NULL,  -- its number, from feature_key_seq
+    PRIMARY KEY (layer, feature_key),
+    UNIQUE (layer, feature_id)
+);
+COMMENT ON TABLE feature_keys IS 'The number of each uuid or text key of a layer, drawn at its first event.';
 SELECT pg_catalog.pg_extension_config_dump('feature_key_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('feature_keys', '');
+REVOKE ALL ON TABLE feature_keys FROM PUBLIC;
 
 -- Layers: registration_id, column types for the DDL guard ---------------------------------------
 
@@ -857,7 +866,8 @@ END
 $$;
 
 -- A feature's number and canonical key: for a layer keyed by uuid or text, the number its first
--- event drew (feature_state.feature_key), or a new one from feature_key_seq; the key as text in
+-- event drew (feature_keys), or a new one from feature_key_seq, recorded there (two first events
+-- of one key wait for each other and get the same number); the key as text in
 -- the id type's canonical form (uuid: lowercase, hyphenated), so that one feature has one key
 -- however the caller spelt it. For integer keys the number is the key and `canonical` is NULL.
 -- 22P02 for a key that is not of the id column's type.
@@ -870,9 +880,14 @@ BEGIN
         RETURN;
     END IF;
     canonical := CASE WHEN lay.id_type = 'uuid'::regtype THEN p_key::uuid::text ELSE p_key END;
-    SELECT s.feature_id INTO number FROM feature_state s WHERE s.layer = lay.layer AND s.feature_key = canonical;
+    SELECT k.feature_id INTO number FROM feature_keys k WHERE k.layer = lay.layer AND k.feature_key = canonical;
     IF number IS NULL THEN
-        number := nextval('feature_key_seq');
+        INSERT INTO feature_keys (layer, feature_key, feature_id) VALUES (lay.layer, canonical, nextval('feature_key_seq'))
+        ON CONFLICT (layer, feature_key) DO NOTHING
+        RETURNING feature_id INTO number;
+        IF number IS NULL THEN  -- drawn meanwhile by a concurrent first event, now committed
+            SELECT k.feature_id INTO number FROM feature_keys k WHERE k.layer = lay.layer AND k.feature_key = canonical;
+        END IF;
     END IF;
 END
 $$;
@@ -1057,11 +1072,16 @@ BEGIN
                                       CASE WHEN lay.retired_column IS NOT NULL THEN format(' AND t.%I IS NULL', lay.retired_column) ELSE '' END,
                                       _row_digests_sql(lay.geometry_column, lay.properties::text[]), v_cast),
                                ARRAY[p_after, p_limit::text]) WITH ORDINALITY x(x, i);
-        -- Each key's number: its own for integer keys, else the one its first event drew (a new one
-        -- for a row that has no event yet; its state below records the key).
+        -- Each key's number: its own for integer keys, else the one its first event drew (a new one,
+        -- recorded in feature_keys, for a row that has no event yet).
+        IF keyed THEN
+            INSERT INTO feature_keys (layer, feature_key, feature_id)
+            SELECT p_layer, u.k, nextval('feature_key_seq') FROM unnest(ckeys) u(k)
+             WHERE NOT EXISTS (SELECT 1 FROM feature_keys f WHERE f.layer = p_layer AND f.feature_key = u.k)
+            ON CONFLICT (layer, feature_key) DO NOTHING;
+        END IF;
         candidates := ARRAY(SELECT CASE WHEN NOT keyed THEN k::bigint
-                                        ELSE coalesce((SELECT s.feature_id FROM feature_state s
-                                                        WHERE s.layer = p_layer AND s.feature_key = k), nextval('feature_key_seq')) END
+                                        ELSE (SELECT f.feature_id FROM feature_keys f WHERE f.layer = p_layer AND f.feature_key = k) END
                               FROM unnest(ckeys) WITH ORDINALITY u(k, i) ORDER BY i);
     END IF;
     IF ckeys IS NULL THEN
@@ -1254,7 +1274,7 @@ BEGIN
                                       u.gd, u.pd, u.live) AS change
                   FROM unnest(rk, rgd, rpd, rlive) WITH ORDINALITY u(k, gd, pd, live, i)
                   LEFT JOIN feature_state s ON s.layer = lay.layer
-                        AND s.feature_id = CASE WHEN keyed THEN (SELECT f.feature_id FROM feature_state f
+                        AND s.feature_id = CASE WHEN keyed THEN (SELECT f.feature_id FROM feature_keys f
                                                                   WHERE f.layer = lay.layer AND f.feature_key = u.k)
                                                 ELSE u.k::bigint END) c
          WHERE c.change IS NOT NULL;
@@ -1541,6 +1561,45 @@ REVOKE ALL ON FUNCTION __drift_rows(layer_registry, integer, text, integer) FROM
 REVOKE ALL ON FUNCTION __drift_layer(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_chunk(text, integer, text, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __resync_chunk(text, integer, text, integer, integer, bigint) FROM PUBLIC;
+
+-- unregister_layer also forgets the layer's key numbers.
+CREATE OR REPLACE FUNCTION _unregister_layer(layer text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    caller oid := _caller_role();
+    r layer_registry;
+    pending bigint;
+BEGIN
+    IF layer = 'features' THEN
+        RAISE EXCEPTION 'the built-in layer features cannot be unregistered' USING ERRCODE = '0A000',
+            HINT = 'It belongs to the extension; DROP EXTENSION removes it.';
+    END IF;
+    SELECT * INTO r FROM layer_registry l WHERE l.layer = _unregister_layer.layer FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
+       AND NOT coalesce(pg_has_role(caller, (SELECT c.relowner FROM pg_class c WHERE c.oid = r.tbl), 'USAGE'), false) THEN
+        RAISE EXCEPTION 'must be owner of table % to unregister layer %', r.tbl, layer USING ERRCODE = '42501',
+            HINT = 'Unregister it as the table''s owner, or as a superuser (the only choice once the table is dropped).';
+    END IF;
+    -- Edits of this layer that have not committed yet finish first; new ones wait until this
+    -- commits, then find the layer gone. Edits of other layers do not wait.
+    PERFORM pg_advisory_xact_lock(1179601241, hashtext(layer));
+    SELECT count(*) INTO pending FROM outbox o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.layer = _unregister_layer.layer;
+    IF pending > 0 THEN
+        RAISE EXCEPTION 'layer % has % unpublished outbox rows', layer, pending USING ERRCODE = '55006',
+            HINT = 'Let the relay publish them (see feature_outbox.backlog_by_layer), then unregister it.';
+    END IF;
+    DELETE FROM layer_registry l WHERE l.layer = _unregister_layer.layer;
+    DELETE FROM feature_state s WHERE s.layer = _unregister_layer.layer;
+    DELETE FROM feature_keys k WHERE k.layer = _unregister_layer.layer;
+END
+$$;
+
 
 -- Held layers: the relay holds a layer whose table or registered columns are gone (sql/layers.sql).
 CREATE FUNCTION release_layer(layer text, tbl regclass DEFAULT NULL) RETURNS bigint

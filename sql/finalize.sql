@@ -47,7 +47,7 @@ REVOKE ALL ON FUNCTION release_layer(text, regclass) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _release_layer(text, regclass) FROM PUBLIC;
 REVOKE ALL ON FUNCTION metrics() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION metrics() TO pg_monitor;
-REVOKE ALL ON TABLE features, outbox, feature_state, layer_registry FROM PUBLIC;
+REVOKE ALL ON TABLE features, outbox, feature_state, feature_keys, layer_registry FROM PUBLIC;
 -- Anyone may list the layers; register_layer checks that the caller owns the table.
 GRANT SELECT ON layers TO PUBLIC;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;

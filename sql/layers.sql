@@ -227,6 +227,7 @@ BEGIN
     END IF;
     DELETE FROM layer_registry l WHERE l.layer = _unregister_layer.layer;
     DELETE FROM feature_state s WHERE s.layer = _unregister_layer.layer;
+    DELETE FROM feature_keys k WHERE k.layer = _unregister_layer.layer;
 END
 $$;
 COMMENT ON FUNCTION unregister_layer(text) IS

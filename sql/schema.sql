@@ -92,15 +92,24 @@ CREATE TABLE feature_state (
     properties_digest       uuid,
     version                 integer,
     last_event              text,
-    -- A uuid or text key (canonical text form), for which feature_id is a number drawn from
-    -- feature_key_seq at the feature's first event; NULL for integer keys.
+    -- A uuid or text key (canonical text form), for which feature_id is its number (feature_keys);
+    -- NULL for integer keys.
     feature_key             text,
     PRIMARY KEY (layer, feature_id)
 );
-CREATE UNIQUE INDEX feature_state_key ON feature_state (layer, feature_key) WHERE feature_key IS NOT NULL;
--- Numbers for uuid and text keys: per-feature order, partitioning and state run on bigints.
+-- Numbers for uuid and text keys: per-feature order, partitioning and state run on bigints. Kept
+-- apart from feature_state, whose updates (one per edit) would otherwise maintain one more index.
 CREATE SEQUENCE feature_key_seq;
+CREATE TABLE feature_keys (
+    layer        text   NOT NULL,
+    feature_key  text   NOT NULL,  -- canonical text of a uuid or text key
+    feature_id   bigint NOT NULL,  -- its number, from feature_key_seq
+    PRIMARY KEY (layer, feature_key),
+    UNIQUE (layer, feature_id)
+);
+COMMENT ON TABLE feature_keys IS 'The number of each uuid or text key of a layer, drawn at its first event.';
 SELECT pg_catalog.pg_extension_config_dump('feature_key_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('feature_keys', '');
 COMMENT ON TABLE feature_state IS 'Per-feature routing state written by edit_feature: routing key, its H3 resolution, routing point and bounding box, now and before the last edit.';
 SELECT pg_catalog.pg_extension_config_dump('feature_state', '');
 
