@@ -71,8 +71,8 @@ BEGIN
     END IF;
     -- As edits do: unregister_layer waits for this chunk, and this chunk for it.
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
-    keyed := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
-    v_cast := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    v_cast := _key_cast(lay.id_type);
+    keyed := v_cast <> 'bigint';
 
     IF p_layer = 'features' THEN
         SELECT array_agg(c.id ORDER BY c.id), array_agg(c.id::text ORDER BY c.id) INTO candidates, ckeys

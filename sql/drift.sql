@@ -37,8 +37,8 @@ CREATE FUNCTION __drift_rows(lay layer_registry, p_phase integer, p_after text, 
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    keyed boolean := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
-    v_cast text := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    v_cast text := _key_cast(lay.id_type);
+    keyed boolean := v_cast <> 'bigint';
     rk text[];            -- phase 1: the rows' keys, digests and liveness, in the table's order
     rgd uuid[];
     rpd uuid[];
@@ -197,8 +197,8 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry := __drift_layer(p_layer, 'feature_outbox.resync(text, integer, bigint, bigint)');
-    keyed boolean := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
-    v_cast text := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    v_cast text := _key_cast(lay.id_type);
+    keyed boolean := v_cast <> 'bigint';
     d record;
     v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
     lkey text[];          -- the locked rows: keys, geometries (HEXEWKB), digests, liveness, versions

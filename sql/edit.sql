@@ -633,6 +633,14 @@ BEGIN
 END
 $$;
 
+-- The type a layer's statements cast a key (given as text) to: bigint for the integer types, whose
+-- key is the feature's number, else the id column's own type (uuid, text, character varying).
+CREATE FUNCTION _key_cast(id_type regtype) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN id_type IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'bigint' ELSE id_type::text END
+$$;
+
 -- A feature's number and canonical key: for a layer keyed by uuid or text, the number its first
 -- event drew (feature_keys), or a new one from feature_key_seq, recorded there (two first events
 -- of one key wait for each other and get the same number); the key as text in
@@ -643,7 +651,7 @@ CREATE FUNCTION _feature_number(lay layer_registry, p_key text, OUT number bigin
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    IF lay.id_type IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) THEN
+    IF _key_cast(lay.id_type) = 'bigint' THEN
         number := p_key::bigint;
         RETURN;
     END IF;
@@ -706,7 +714,7 @@ BEGIN
     r := _as_caller_row(format('SELECT t.xmin::text, %s, ST_AsHEXEWKB(t.%I) FROM %s t WHERE t.%I = $1::%s',
                                't.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text',
                                lay.geometry_column, lay.tbl, lay.id_column,
-                               CASE WHEN f.canonical IS NULL THEN 'bigint' ELSE lay.id_type::text END),
+                               _key_cast(lay.id_type)),
                         coalesce(f.canonical, key));
     IF r IS NULL THEN
         RAISE EXCEPTION 'feature % does not exist in layer %', coalesce(f.canonical, key), layer USING ERRCODE = 'P0002',

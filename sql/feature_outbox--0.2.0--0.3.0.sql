@@ -865,6 +865,15 @@ BEGIN
 END
 $$;
 
+-- The type a layer's statements cast a key (given as text) to: bigint for the integer types, whose
+-- key is the feature's number, else the id column's own type (uuid, text, character varying).
+CREATE FUNCTION _key_cast(id_type regtype) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN id_type IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'bigint' ELSE id_type::text END
+$$;
+
+
 -- A feature's number and canonical key: for a layer keyed by uuid or text, the number its first
 -- event drew (feature_keys), or a new one from feature_key_seq, recorded there (two first events
 -- of one key wait for each other and get the same number); the key as text in
@@ -875,7 +884,7 @@ CREATE FUNCTION _feature_number(lay layer_registry, p_key text, OUT number bigin
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    IF lay.id_type IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) THEN
+    IF _key_cast(lay.id_type) = 'bigint' THEN
         number := p_key::bigint;
         RETURN;
     END IF;
@@ -940,7 +949,7 @@ BEGIN
     r := _as_caller_row(format('SELECT t.xmin::text, %s, ST_AsHEXEWKB(t.%I) FROM %s t WHERE t.%I = $1::%s',
                                't.tableoid::oid::text || '':'' || t.ctid::text || '':'' || t.xmin::text',
                                lay.geometry_column, lay.tbl, lay.id_column,
-                               CASE WHEN f.canonical IS NULL THEN 'bigint' ELSE lay.id_type::text END),
+                               _key_cast(lay.id_type)),
                         coalesce(f.canonical, key));
     IF r IS NULL THEN
         RAISE EXCEPTION 'feature % does not exist in layer %', coalesce(f.canonical, key), layer USING ERRCODE = 'P0002',
@@ -1054,8 +1063,8 @@ BEGIN
     END IF;
     -- As edits do: unregister_layer waits for this chunk, and this chunk for it.
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
-    keyed := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
-    v_cast := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    v_cast := _key_cast(lay.id_type);
+    keyed := v_cast <> 'bigint';
 
     IF p_layer = 'features' THEN
         SELECT array_agg(c.id ORDER BY c.id), array_agg(c.id::text ORDER BY c.id) INTO candidates, ckeys
@@ -1234,8 +1243,8 @@ CREATE FUNCTION __drift_rows(lay layer_registry, p_phase integer, p_after text, 
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    keyed boolean := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
-    v_cast text := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    v_cast text := _key_cast(lay.id_type);
+    keyed boolean := v_cast <> 'bigint';
     rk text[];            -- phase 1: the rows' keys, digests and liveness, in the table's order
     rgd uuid[];
     rpd uuid[];
@@ -1394,8 +1403,8 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry := __drift_layer(p_layer, 'feature_outbox.resync(text, integer, bigint, bigint)');
-    keyed boolean := lay.id_type NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype);
-    v_cast text := CASE WHEN keyed THEN lay.id_type::text ELSE 'bigint' END;
+    v_cast text := _key_cast(lay.id_type);
+    keyed boolean := v_cast <> 'bigint';
     d record;
     v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
     lkey text[];          -- the locked rows: keys, geometries (HEXEWKB), digests, liveness, versions

@@ -63,7 +63,7 @@ SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint, r.since_id, c.relowner,
                                  GROUP BY (i - 1) / 50) parts),
                        '''{}''::jsonb'),
               r.tbl, g.nspname,
-              CASE WHEN r.id_type IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'bigint' ELSE r.id_type::text END)
+              feature_outbox._key_cast(r.id_type))
   FROM feature_outbox.layer_registry r
   LEFT JOIN pg_catalog.pg_class c ON c.oid = r.tbl
  CROSS JOIN (SELECT n.nspname FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
