@@ -10,12 +10,20 @@ is the median, with min - max.
         layer, against the floor (bare UPDATE + outbox INSERT + ST_IsValid + ST_PointOnSurface);
   relay: one worker draining a BENCH_AB_BACKLOG-row backlog (default 30,000) into nats-server,
         against the in-worker floor (the same worker, discard:// sink).
+  instructions: the same edits counted by callgrind (valgrind), instructions per edit in a
+        single-user backend, the difference of a 100- and a 600-edit run of one fixed sequence:
+        repeatable whatever else the machine does, where the TPS figures move by ~8 % from run to
+        run on 2 cores (skipped without valgrind, or with BENCH_AB_INSTRUCTIONS=0).
 Prints figures only; asserts nothing about speed.
 """
 
 import os
+import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +76,28 @@ def relay_cluster(name: str, bin: Path) -> Cluster:
     return c
 
 
+def instructions_per_edit(c: Cluster, n: int, base: int, sql: str) -> float:
+    """Instructions per edit of `sql` (an edit_bench.ROWS statement) in a single-user backend of the
+    stopped cluster `c`, under callgrind: (600-edit run - 100-edit run) / 500, one fixed sequence."""
+    def run(count: int) -> int:
+        rnd = random.Random(7)
+        lines = [sql.replace("\n", " ").replace(":id", str(base + rnd.randint(1, n))).replace(":k", str(i % 2))
+                 for i in range(count)]
+        with tempfile.TemporaryDirectory() as tmp:
+            os.chmod(tmp, 0o777)
+            script, out = Path(tmp) / "edits.sql", Path(tmp) / "callgrind.out"
+            script.write_text("\n".join(" ".join(l.split()) for l in lines) + "\n")
+            as_pg = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else ["sudo", "-u", "postgres"]
+            with script.open() as stdin:
+                done = subprocess.run([*as_pg, "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                                       str(c.bin / "postgres"), "--single", "-D", str(c.dir / "data"), edit_bench.DB],
+                                      stdin=stdin, capture_output=True, text=True)
+            if "ERROR:" in done.stdout + done.stderr:
+                raise SystemExit(f"an edit failed under callgrind:\n{(done.stdout + done.stderr)[-2000:]}")
+            return next(int(l.split()[1]) for l in out.read_text().splitlines() if l.startswith("summary:"))
+    return (run(600) - run(100)) / 500
+
+
 def version(c: Cluster, db: str) -> str:
     with c.connect(db) as conn:
         return conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'feature_outbox'").fetchone()[0]
@@ -85,6 +115,7 @@ def main() -> None:
     rows = [FLOOR, *EDITS.values()]
     tps = {(b, s, r): [] for b in builds for s, _ in sets for r in rows}
     clusters = {}
+    ins = {}
     try:
         for b, bin in builds.items():
             clusters[b] = edit_cluster(b.replace(" ", "-").replace(".", ""), bin)
@@ -96,6 +127,12 @@ def main() -> None:
                     for b in builds:
                         c, n = clusters[b]
                         tps[(b, label, r)].append(edit_bench.pgbench(c, edit_bench.PICK.format(n=n, base=base) + sql + "\n"))
+        if os.environ.get("BENCH_AB_INSTRUCTIONS", "1") != "0" and shutil.which("valgrind"):
+            for b, (c, n) in clusters.items():
+                c.stop()
+                for label, base in sets:
+                    for r in rows:
+                        ins[(b, label, r)] = instructions_per_edit(c, n, base, edit_bench.ROWS[r][1])
     finally:
         for c, _ in clusters.values():
             c.stop()
@@ -110,6 +147,18 @@ def main() -> None:
             cells = " | ".join(f"{spread(tps[(b, label, r)])}" + ("" if r == FLOOR else f", {ratios[b]:.1%} of floor") for b in builds)
             ab = "" if r == FLOOR else f"{ratios['this build'] / ratios[OTHER]:.3f}"
             print(f"| {label} | {what} | {cells} | {ab} |")
+    if ins:
+        print(f"\nThe same edits counted by callgrind: instructions per edit in a single-user backend (no client, "
+              f"no relay), one fixed sequence of 500, and ratio to the floor.\n")
+        print(f"| shapes | path | {' | '.join(labels[b] for b in builds)} | this build / {OTHER} |")
+        print("|---|---|" + "---|" * (len(builds) + 1))
+        for label, _ in sets:
+            for what, r in [("floor", FLOOR), *EDITS.items()]:
+                ratios = {b: ins[(b, label, FLOOR)] / ins[(b, label, r)] for b in builds}
+                cells = " | ".join(f"{ins[(b, label, r)]:,.0f}" + ("" if r == FLOOR else f", {ratios[b]:.1%} of floor")
+                                   for b in builds)
+                ab = "" if r == FLOOR else f"{ratios['this build'] / ratios[OTHER]:.3f}"
+                print(f"| {label} | {what} | {cells} | {ab} |")
 
     server = NatsServer(RUN_DIR / "ab-nats")
     server.start()

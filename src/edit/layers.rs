@@ -262,12 +262,13 @@ struct Target {
 
 const ROW_VERSION: &str = "t.tableoid::oid::text || ':' || t.ctid::text || ':' || t.xmin::text";
 
-/// The digests of a row as written (uuid text each; see src/edit/digest.rs, _properties_digest): of its
-/// geometry's EWKB and of its registered properties (`registered`, in their order).
+/// The digests of a row as written, as text that casts to uuid (see src/edit/digest.rs,
+/// _properties_digest): of its geometry's EWKB (md5, in hex) and of its registered properties
+/// (`registered`, in their order).
 pub fn digests(geometry: &str, registered: &[String]) -> String {
     let props: Vec<String> = registered.iter().map(|p| format!("t.{}", quote(p))).collect();
     format!(
-        "md5(ST_AsEWKB(t.{geometry}))::uuid::text, feature_outbox._properties_digest(ROW({}))::text",
+        "md5(ST_AsEWKB(t.{geometry})), feature_outbox._properties_digest(ROW({}))::text",
         props.join(", ")
     )
 }
@@ -378,7 +379,12 @@ fn _layer_write_row(
     registered: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    let key = Key::Text(key.to_string(), id_type.to_string());
+    // An integer key binds as the bigint it is (no cast in the statement); a malformed one goes
+    // through the cast, which raises its error.
+    let key = match (id_type, key.parse::<i64>()) {
+        ("bigint", Ok(id)) => Key::Id(id),
+        _ => Key::Text(key.to_string(), id_type.to_string()),
+    };
     write(layer, op, &columns, key, geometry, properties, keys, Some(registered.unwrap_or_default()))
 }
 
@@ -580,7 +586,7 @@ mod tests {
         assert_eq!(quote("we\"ird"), "\"we\"\"ird\"");
         // With the registered properties, the row's digests follow, deleted rows' included.
         let digested = statement(&t, "updated", &[], false, Some(&["name".into(), "zone".into()]));
-        assert!(digested.ends_with(&q("md5(ST_AsEWKB(t.`geom`))::uuid::text, feature_outbox._properties_digest(ROW(t.`name`, t.`zone`))::text")));
+        assert!(digested.ends_with(&q("md5(ST_AsEWKB(t.`geom`)), feature_outbox._properties_digest(ROW(t.`name`, t.`zone`))::text")));
         assert!(statement(&t, "delete", &[], false, Some(&[])).ends_with("_properties_digest(ROW())::text"));
     }
 
