@@ -12,7 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FEATURE_OUTBOX_SHARED", ROOT.parent / "shared"))
 COUNTIES = SHARED / "data" / "us-counties.geojsonl"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# FEATURE_OUTBOX_TEST_PG_BIN: run the tests against another tree (bench/ab_setup.sh makes one of an
+# earlier release), e.g. to show a test fails on the code before its fix.
+PG_BIN = Path(os.environ.get("FEATURE_OUTBOX_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 RUN_DIR = Path(os.environ.get("FEATURE_OUTBOX_TEST_DIR", "/var/tmp/feature_outbox_test"))
 
 
