@@ -98,6 +98,20 @@ def instructions_per_edit(c: Cluster, n: int, base: int, sql: str) -> float:
     return (run(600) - run(100)) / 500
 
 
+def edit_table(labels: dict, sets: list, rate, cell) -> None:
+    """One row per shape set and path: each build's cell(b, shapes, row), with rate(b, shapes, row)
+    as a fraction of its floor's, and this build's fraction over the other's."""
+    builds = list(labels)
+    print(f"| shapes | path | {' | '.join(labels[b] for b in builds)} | this build / {OTHER} |")
+    print("|---|---|" + "---|" * (len(builds) + 1))
+    for label, _ in sets:
+        for what, r in [("floor", FLOOR), *EDITS.items()]:
+            ratios = {b: rate(b, label, r) / rate(b, label, FLOOR) for b in builds}
+            cells = " | ".join(cell(b, label, r) + ("" if r == FLOOR else f", {ratios[b]:.1%} of floor") for b in builds)
+            ab = "" if r == FLOOR else f"{ratios['this build'] / ratios[OTHER]:.3f}"
+            print(f"| {label} | {what} | {cells} | {ab} |")
+
+
 def version(c: Cluster, db: str) -> str:
     with c.connect(db) as conn:
         return conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'feature_outbox'").fetchone()[0]
@@ -139,26 +153,13 @@ def main() -> None:
     print(f"## A/B: this build against {OTHER}, side by side (median of {ROUNDS}, min - max)\n")
     print(f"Edit path: pgbench, {edit_bench.CLIENTS} clients, {edit_bench.SECONDS} s a run, `moved`, TPS and ratio to the floor "
           f"(bare UPDATE + outbox INSERT + ST_IsValid + ST_PointOnSurface) on the same cluster.\n")
-    print(f"| shapes | path | {' | '.join(labels[b] for b in builds)} | this build / {OTHER} |")
-    print("|---|---|" + "---|" * (len(builds) + 1))
-    for label, _ in sets:
-        for what, r in [("floor", FLOOR), *EDITS.items()]:
-            ratios = {b: statistics.median(tps[(b, label, r)]) / statistics.median(tps[(b, label, FLOOR)]) for b in builds}
-            cells = " | ".join(f"{spread(tps[(b, label, r)])}" + ("" if r == FLOOR else f", {ratios[b]:.1%} of floor") for b in builds)
-            ab = "" if r == FLOOR else f"{ratios['this build'] / ratios[OTHER]:.3f}"
-            print(f"| {label} | {what} | {cells} | {ab} |")
+    edit_table(labels, sets, lambda b, label, r: statistics.median(tps[(b, label, r)]),
+               lambda b, label, r: spread(tps[(b, label, r)]))
     if ins:
         print(f"\nThe same edits counted by callgrind: instructions per edit in a single-user backend (no client, "
               f"no relay), one fixed sequence of 500, and ratio to the floor.\n")
-        print(f"| shapes | path | {' | '.join(labels[b] for b in builds)} | this build / {OTHER} |")
-        print("|---|---|" + "---|" * (len(builds) + 1))
-        for label, _ in sets:
-            for what, r in [("floor", FLOOR), *EDITS.items()]:
-                ratios = {b: ins[(b, label, FLOOR)] / ins[(b, label, r)] for b in builds}
-                cells = " | ".join(f"{ins[(b, label, r)]:,.0f}" + ("" if r == FLOOR else f", {ratios[b]:.1%} of floor")
-                                   for b in builds)
-                ab = "" if r == FLOOR else f"{ratios['this build'] / ratios[OTHER]:.3f}"
-                print(f"| {label} | {what} | {cells} | {ab} |")
+        # Fewer instructions is faster: the rate is their inverse.
+        edit_table(labels, sets, lambda b, label, r: 1 / ins[(b, label, r)], lambda b, label, r: f"{ins[(b, label, r)]:,.0f}")
 
     server = NatsServer(RUN_DIR / "ab-nats")
     server.start()
