@@ -7,6 +7,23 @@
 -- The hot path is PL/pgSQL, whose statements are planned once per session. No SQL-language function
 -- sits in it: PostgreSQL 15 plans a non-inlined SQL function's body again at every call.
 
+-- ST_MakeValid, or where its default method (linework) gives NULL, as PostGIS 3.5 with GEOS 3.13
+-- does for polygons with a ring collapsed to too few points (5 of the shared counties), the
+-- structure method. Raises 22023 when neither repairs the shape, never hands on a NULL.
+CREATE FUNCTION _made_valid(g geometry) RETURNS geometry
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    v geometry := coalesce(ST_MakeValid(g), ST_MakeValid(g, 'method=structure'));
+BEGIN
+    IF v IS NULL THEN
+        RAISE EXCEPTION 'geometry is not valid, and ST_MakeValid cannot repair it' USING ERRCODE = '22023',
+            DETAIL = format('ST_IsValidReason: %s', ST_IsValidReason(g)), HINT = 'Repair the shape before the edit.';
+    END IF;
+    RETURN v;
+END
+$$;
+
 -- The routing point of an EPSG:4326 geometry: ST_PointOnSurface of a made-valid copy when invalid,
 -- computed on the longitude-shifted shape when an edge crosses the antimeridian, then wrapped back
 -- to [-180, 180]. It lies inside the feature's footprint, unlike ST_Centroid (the guide's gotcha 6).
@@ -15,7 +32,7 @@ CREATE FUNCTION _routing_point(g geometry) RETURNS geometry
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
-    shape geometry := CASE WHEN (ST_IsValidDetail(g)).valid THEN g ELSE ST_MakeValid(g) END;
+    shape geometry := CASE WHEN (ST_IsValidDetail(g)).valid THEN g ELSE _made_valid(g) END;
     p geometry;
 BEGIN
     IF (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[1] = 0 THEN
@@ -261,13 +278,13 @@ BEGIN
                         DETAIL = format('ST_IsValidReason: %s', ST_IsValidReason(g)),
                         HINT = 'Repair it with ST_MakeValid(geom), or set feature_outbox.invalid_geometry = repair.';
                 WHEN 'repair' THEN
-                    g := ST_MakeValid(g);
+                    g := _made_valid(g);
                     shape := g;
                     reshaped := true;
                     facts := _inspect_geometry(ST_AsBinary(g), true, 4326, NULL);  -- the stored shape's box
                 ELSE
                     -- accept: store as given; route on a made-valid copy, crossing as that copy has it
-                    shape := ST_MakeValid(g);
+                    shape := _made_valid(g);
                     facts[1] := (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[1];
                 END CASE;
             END IF;

@@ -87,7 +87,7 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     Relay::new(index).run();
     // Exit 1 even on SIGTERM: exit 0 would unregister the worker for good after pg_terminate_backend.
     // During a real shutdown the postmaster restarts nothing.
-    unsafe { pg_sys::proc_exit(1) };
+    exit_worker();
 }
 
 /// Scans pg_database, a shared catalog that a worker connected to no database can read (its
@@ -115,12 +115,20 @@ fn database_exists(name: &std::ffi::CStr) -> bool {
     }
 }
 
+/// Ends this worker process with exit code 1, so that the postmaster starts it again after its
+/// restart interval. proc_exit never returns, but the pg18 bindings do not declare it diverging.
+#[allow(unreachable_code)]
+fn exit_worker() -> ! {
+    unsafe { pg_sys::proc_exit(1) };
+    unreachable!("proc_exit returned")
+}
+
 /// Waits, connected to no database (shared catalogs only), until `database` exists, then exits so
 /// that the postmaster starts this worker again after RESTART and it connects there. A worker can
 /// connect once per process. No FATAL per attempt: pg_database is read, not connected to.
 fn wait_for_database(index: usize, database: &str) {
     BackgroundWorker::connect_worker_to_spi(None, None);
-    let Ok(name) = std::ffi::CString::new(database) else { unsafe { pg_sys::proc_exit(1) } };
+    let Ok(name) = std::ffi::CString::new(database) else { exit_worker() };
     log!(
         "feature_outbox relay {index}: database \"{database}\" does not exist (see feature_outbox.database); waiting for CREATE DATABASE"
     );
@@ -129,10 +137,10 @@ fn wait_for_database(index: usize, database: &str) {
         if exists {
             log!("feature_outbox relay {index}: database \"{database}\" exists now; connecting");
             update_slot(index, |s| s.connect_attempt_at = 0);
-            unsafe { pg_sys::proc_exit(1) };
+            exit_worker();
         }
         if !sleep_for(DATABASE_POLL, || false) {
-            unsafe { pg_sys::proc_exit(1) };
+            exit_worker();
         }
     }
 }
@@ -767,7 +775,7 @@ fn crash_if_requested(outcomes: &[Outcome]) {
     let requested = std::mem::take(&mut RELAY.exclusive().crash_after_next_publish);
     if requested {
         log!("feature_outbox relay: fault injection: exiting after publish, before marking rows sent");
-        unsafe { pg_sys::proc_exit(1) };
+        exit_worker();
     }
 }
 
