@@ -388,7 +388,7 @@ fn _layer_write_row(
     write(layer, op, &columns, key, geometry, properties, keys, Some(registered.unwrap_or_default()))
 }
 
-/// A feature's key as a write binds it: 0.2.0's bigint, or text cast to the id column's type.
+/// A feature's key as a write binds it: a bigint (integer keys), or text cast to the id column's type.
 enum Key {
     Id(i64),
     Text(String, String),
