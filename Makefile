@@ -1,19 +1,46 @@
 # feature_outbox: `make demo` runs the main job on real data; `make test` runs every test.
 # Both install what is missing first (scripts/setup.sh), so a fresh Debian 12 machine needs nothing else.
+#
+# PG=N picks the PostgreSQL major: 15 (the default) is the host's Debian 12 server; 17 and 18 run
+# the same target inside that major's Debian root (scripts/pgroot.sh makes it on first use), where
+# scripts/pgroot.sh sets FEATURE_OUTBOX_PG=N and this Makefile runs again. Examples:
+#   make test PG=18     make demo PG=17     make bench PG=18     make package PG=17
 
-PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
-PGRX_PGDATA ?= /var/tmp/feature_outbox_pgrx
+PG ?= $(or $(FEATURE_OUTBOX_PG),15)
+PG_CONFIG ?= /usr/lib/postgresql/$(PG)/bin/pg_config
+PGRX_PGDATA ?= /var/tmp/feature_outbox_pgrx$(filter-out 15,$(PG))
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+# Passed on into a root: pytest's arguments (make pg-test PYTEST_ARGS='-k relay') and the demo's.
+PASS_ON := PYTEST_ARGS DEMO_LIMIT DEMO_SKIP_INSTALL DEMO_TIMEOUT BENCH_REPEATS
+PASS_ON_ARGS = $(foreach v,$(PASS_ON),$(if $(value $(v)),$(v)='$(value $(v))'))
+VENV := $(or $(FEATURE_OUTBOX_VENV),.venv)
 
-.PHONY: setup build install install-test test unit-test pg-test demo bench bench-ab faults clean
+.PHONY: setup build install install-test test unit-test pg-test demo bench bench-ab faults package package-test clean
 
+ifneq ($(PG),15)
+ifneq ($(FEATURE_OUTBOX_PG),$(PG))
+ROOTED := 1
+endif
+endif
+
+ifdef ROOTED
+# Outside the root of major PG: each target runs again inside it.
+setup build install install-test test unit-test pg-test demo bench bench-ab faults package:
+	$(SUDO) bash scripts/pgroot.sh run $(PG) make $@ PG=$(PG) $(PASS_ON_ARGS)
+
+package-test:
+	bash scripts/package_test.sh $(PG)
+
+clean:
+	cargo clean
+else
 setup:
 	bash scripts/setup.sh
 
 build: setup
-	cargo build --release
+	cargo build --release --no-default-features --features pg$(PG)
 
-## install: the release extension into the Debian PostgreSQL 15, each file renamed into place so
+## install: the release extension into the Debian PostgreSQL of major PG, each file renamed into place so
 ## running servers keep the library they loaded.
 install: setup
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
@@ -23,23 +50,13 @@ install-test: setup
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh debug fault-injection
 
 ## unit-test: pure-Rust unit tests and #[pg_test]s, in a throwaway cluster run as the postgres user.
-## PG=17 or PG=18: the same against that major, inside its Debian root (scripts/pgroot.sh makes it
-## on first use, ~4 min, then the build ~8 min). The rest of make test on 17 and 18 is still to come.
-PG ?= 15
-ifeq ($(PG),15)
 unit-test: setup
 	$(SUDO) install -d -o postgres -g postgres $(PGRX_PGDATA)
-	cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_PGDATA)
-else
-unit-test:
-	$(SUDO) bash scripts/pgroot.sh run $(PG) bash -c 'cargo pgrx init --pg$(PG) "$$PG_CONFIG" >/dev/null \
-	  && install -d -o postgres -g postgres $(PGRX_PGDATA)$(PG) \
-	  && cargo pgrx test pg$(PG) --runas postgres --pgdata $(PGRX_PGDATA)$(PG)'
-endif
+	cargo pgrx test pg$(PG) --runas postgres --pgdata $(PGRX_PGDATA)
 
 ## pg-test: SQL regression files and the end-to-end harness (real data, NATS, HTTP) in pg_test/.
 pg-test: install-test
-	bash pg_test/run.sh
+	bash pg_test/run.sh $(PYTEST_ARGS)
 
 ## test: every test, then the release build back in place of the debug one the tests installed.
 test: unit-test pg-test
@@ -59,6 +76,7 @@ bench: setup
 ## bench-ab: this build against 0.2.0 (its release commit), side by side: the bigint edit path and
 ## the relay, each as a ratio to its floor. Builds 0.2.0 into a copy of the PostgreSQL tree first.
 bench-ab: setup
+	@[ "$(PG)" = 15 ] || { echo "bench-ab compares against 0.2.0 on PostgreSQL 15 only" >&2; exit 2; }
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
 	FEATURE_OUTBOX_AB_BIN=$$(bash bench/ab_setup.sh 4bc42654f1b92a2e0b2c580995f0eefbce8c1de0 /opt/pg-0.2.0) \
 	  FEATURE_OUTBOX_AB_LABEL=0.2.0 .venv/bin/python bench/ab_bench.py | tee bench/AB.md
@@ -68,7 +86,19 @@ bench-ab: setup
 ## against Debian's nats-server and PyPI's current one; writes pg_test/FAULTS.md. make test runs
 ## each drill in its short form.
 faults: install-test
-	.venv/bin/python pg_test/faults.py
+	$(VENV)/bin/python pg_test/faults.py
+
+## package: dist/postgresql-$(PG)-feature-outbox_<version>-1_amd64.deb, built in that major's root
+## (15: on the host, which is that root's Debian 12).
+package: setup
+	PG_CONFIG=$(PG_CONFIG) bash scripts/package.sh
+
+## package-test: the packages of major PG installed in a clean root of its Debian release (no Rust,
+## no compiler): the README's quick start, the 0.2.0 package upgraded with waiting events, and a
+## pg_dump from 15 restored. Needs make package PG=$(PG) first.
+package-test:
+	bash scripts/package_test.sh $(PG)
 
 clean:
 	cargo clean
+endif

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: on this machine, against real components (PostgreSQL 15 clusters, nats-server -js, an
+# make bench: on this machine, against real components (PostgreSQL clusters of 15 or the root's major, nats-server -js, an
 # HTTP receiver). Prints figures and rewrites bench/RESULTS.md; asserts nothing about speed.
 #   1. bench/results.py: relay (1 and 2 workers, the guide's external relay, both floors), HTTP,
 #      commit-to-subscriber latency, the write path (with bench/edit_bench.py), claim cost against
@@ -9,6 +9,7 @@
 #      bench/RESULTS.md as its section 7.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python bench/results.py
-.venv/bin/python bench/pressure_bench.py
-{ printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; .venv/bin/python bench/backfill_bench.py; } | tee -a bench/RESULTS.md
+PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
+"$PY" bench/results.py
+"$PY" bench/pressure_bench.py
+{ printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a bench/RESULTS.md

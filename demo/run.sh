@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make demo: the main job on real input. Every US county goes through edit_feature into the
 # application's own table (public.counties, EPSG:3857, with name and state as attributes) in a
-# throwaway PostgreSQL 15 cluster; some are moved, renamed and retired; the relay worker inside PostgreSQL publishes each
+# throwaway PostgreSQL cluster (15, or PG=N's); some are moved, renamed and retired; the relay worker inside PostgreSQL publishes each
 # outbox row to a throwaway NATS JetStream server; the reference consumer (examples/consumer) reads
 # them back with deduplication and per-feature ordering. Ends with a report, and fails unless the
 # consumer received exactly one event per edit and the outbox backlog is empty. Then an area
@@ -20,10 +20,10 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-PG_BIN=/usr/lib/postgresql/15/bin
+PG_BIN=/usr/lib/postgresql/${FEATURE_OUTBOX_PG:-15}/bin   # 15, or the major of the root (make demo PG=N)
 PG_CONFIG=$PG_BIN/pg_config
-PY=$ROOT/.venv/bin/python
-CONSUMER=$ROOT/target/consumer/release/feature_outbox_consumer
+PY=${FEATURE_OUTBOX_VENV:-$ROOT/.venv}/bin/python
+CONSUMER=${CARGO_TARGET_DIR:-$ROOT/target}/consumer/release/feature_outbox_consumer
 DEMO_DIR=${DEMO_DIR:-/var/tmp/feature_outbox_demo}
 DEMO_DATA=${DEMO_DATA:-$ROOT/../shared/data/us-counties.geojsonl}
 DEMO_TIMEOUT=${DEMO_TIMEOUT:-120}
@@ -47,12 +47,12 @@ if [ "${DEMO_SKIP_INSTALL:-}" = 1 ]; then
 else
   PG_CONFIG=$PG_CONFIG bash scripts/install.sh release
 fi
-cargo build --release --locked --quiet --manifest-path examples/consumer/Cargo.toml --target-dir target/consumer
+cargo build --release --locked --quiet --manifest-path examples/consumer/Cargo.toml --target-dir "${CARGO_TARGET_DIR:-$ROOT/target}/consumer"
 echo "consumer: $CONSUMER"
 T0=$(now)   # the clock for "well under 5 minutes after the build"
 
 # ---------------------------------------------------------------------------------------------------
-step "2. Throwaway PostgreSQL 15 and NATS JetStream"
+step "2. Throwaway PostgreSQL $($PG_BIN/postgres --version | cut -d" " -f3) and NATS JetStream"
 mkdir -p "$DEMO_DIR"
 chmod 755 "$DEMO_DIR"   # the postgres user must reach $DEMO_DIR/pg
 RUN=$DEMO_DIR/run; NATS_STORE=$DEMO_DIR/nats

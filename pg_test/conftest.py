@@ -1,4 +1,4 @@
-"""Fixtures shared by the end-to-end tests: a throwaway PostgreSQL 15 cluster that preloads
+"""Fixtures shared by the end-to-end tests: a throwaway PostgreSQL cluster that preloads
 feature_outbox (run as the postgres user, own port and data directory), and helpers to reach it."""
 
 import os
@@ -12,9 +12,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FEATURE_OUTBOX_SHARED", ROOT.parent / "shared"))
 COUNTIES = SHARED / "data" / "us-counties.geojsonl"
+# The PostgreSQL major under test: 15 on the host; scripts/pgroot.sh sets FEATURE_OUTBOX_PG in the
+# root of 17 or 18 (make test PG=N).
+PG_MAJOR = int(os.environ.get("FEATURE_OUTBOX_PG", "15"))
 # FEATURE_OUTBOX_TEST_PG_BIN: run the tests against another tree (bench/ab_setup.sh makes one of an
 # earlier release), e.g. to show a test fails on the code before its fix.
-PG_BIN = Path(os.environ.get("FEATURE_OUTBOX_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = Path(os.environ.get("FEATURE_OUTBOX_TEST_PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin"))
+# The project's virtualenv: .venv on the host, the root's own in a root (its Python differs).
+VENV = Path(os.environ.get("FEATURE_OUTBOX_VENV", ROOT / ".venv"))
 RUN_DIR = Path(os.environ.get("FEATURE_OUTBOX_TEST_DIR", "/var/tmp/feature_outbox_test"))
 
 

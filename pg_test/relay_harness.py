@@ -80,7 +80,8 @@ class NatsServer:
         """Every message in the stream: subject, headers and decoded JSON body. Departure notices
         (Nats-Msg-Id `<event_id>:departed`, the same body again) only with `departed`."""
         async def read():
-            nc = await nats.connect(self.url.replace("tls://", "nats://"), **self.client)
+            nc = await nats.connect(self.url.replace("tls://", "nats://"), connect_timeout=5,
+                                    max_reconnect_attempts=2, **self.client)
             js = nc.jetstream()
             try:
                 info = await js.stream_info(stream)

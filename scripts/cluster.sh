@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster, run as the postgres user on its own port and data directory,
+# A throwaway PostgreSQL cluster (15, or FEATURE_OUTBOX_PG's major in its root), run as the postgres user on its own port and data directory,
 # never the system cluster. Used by the test harness and the demo.
 #   cluster.sh start DIR PORT ["setting = value" ...]   fresh initdb, preloads feature_outbox, starts
 #   cluster.sh restart DIR
 #   cluster.sh stop DIR
 set -euo pipefail
-# FEATURE_OUTBOX_PG_BIN: another PostgreSQL 15 tree's bin (bench/ab_bench.py runs an older build beside this one).
-BIN=${FEATURE_OUTBOX_PG_BIN:-/usr/lib/postgresql/15/bin}
+# FEATURE_OUTBOX_PG_BIN: another PostgreSQL tree's bin (bench/ab_bench.py runs an older build beside this one).
+BIN=${FEATURE_OUTBOX_PG_BIN:-/usr/lib/postgresql/${FEATURE_OUTBOX_PG:-15}/bin}
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
 as_postgres() {

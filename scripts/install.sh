@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the extension into the Debian PostgreSQL 15 without disturbing a running server:
+# Installs the extension into the Debian PostgreSQL of $PG_CONFIG (15 by default) without disturbing a running server:
 # `cargo pgrx package` builds the files, the frozen install scripts of earlier releases join them,
 # then each is written under a temporary name and renamed over the old one. A server that mapped
 # the old library keeps its copy; writing the .so in place (as an install can) crashes it.
@@ -11,7 +11,7 @@ profile=${1:?release or debug}; shift
 features="$*"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
-out="target/package-$profile"
+out="${CARGO_TARGET_DIR:-target}/package-$profile"
 rm -rf "$out"
 args=(--pg-config "$PG_CONFIG" --out-dir "$out")
 [ "$profile" = debug ] && args+=(--debug)

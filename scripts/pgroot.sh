@@ -16,7 +16,7 @@
 # its mounts are never seen outside and vanish with it; it unmounts what it mounted on exit as well.
 #
 # Inside `run`: the host's $HOME/.cargo and $HOME/.rustup (the rustup toolchain and crate cache) at the
-# same paths, ../shared read-only, and per root CARGO_TARGET_DIR, PGRX_HOME and FEATURE_OUTBOX_VENV
+# same paths, ../shared read-only, the host's CA bundle (for pip and cargo behind a proxy), and per root CARGO_TARGET_DIR, PGRX_HOME and FEATURE_OUTBOX_VENV
 # under /var/lib/feature_outbox, PG_CONFIG of major N, FEATURE_OUTBOX_PG=N. Debian's rustc is not
 # installed: it is older than the toolchain the crate needs.
 set -euo pipefail
@@ -319,9 +319,19 @@ case "$CMD" in
       "PG_CONFIG=/usr/lib/postgresql/$MAJOR/bin/pg_config"
       "FEATURE_OUTBOX_PG=$MAJOR"
     )
-    for v in CI RUST_BACKTRACE RUST_LOG CARGO_BUILD_JOBS CARGO_INCREMENTAL CARGO_TERM_COLOR NO_COLOR; do
+    for v in CI RUST_BACKTRACE RUST_LOG CARGO_BUILD_JOBS CARGO_INCREMENTAL CARGO_TERM_COLOR NO_COLOR \
+             http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_INDEX_URL PIP_DEFAULT_TIMEOUT; do
       if [ -n "${!v+set}" ]; then envs+=("$v=${!v}"); fi
     done
+    # The host's CA bundle, which may trust a proxy's CA that the root's ca-certificates does not:
+    # pip (PyPI) and cargo (crates.io) in the root use it.
+    host_ca=/etc/ssl/certs/ca-certificates.crt
+    if [ -s "$host_ca" ]; then
+      bind_mount "$host_ca" "$ROOT/etc/ssl/host-ca-certificates.crt" ro
+      for v in SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE CARGO_HTTP_CAINFO GIT_SSL_CAINFO; do
+        envs+=("$v=/etc/ssl/host-ca-certificates.crt")
+      done
+    fi
     # CMD runs as a child this shell waits for, so that a signal to this script reaches CMD (SIGINT
     # as SIGTERM: an asynchronous child ignores SIGINT) and the mounts go once CMD has ended.
     chroot "$ROOT" /usr/bin/env -i -C "$REPO" "${envs[@]}" "$@" 0<&0 9>&- &

