@@ -33,7 +33,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
-from conftest import COUNTIES, RUN_DIR, Cluster, free_port  # noqa: E402
+from conftest import COUNTIES, PG_BIN, PG_MAJOR, RUN_DIR, Cluster, free_port  # noqa: E402
 from relay_harness import CLAIM_FROM, NatsServer, Receiver, wait_for  # noqa: E402
 
 DB = "results"
@@ -41,7 +41,8 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 BACKLOG = int(os.environ.get("BENCH_BACKLOG", "100000"))
 LATENCY_S = int(os.environ.get("BENCH_LATENCY_SECONDS", "30"))
 RATE = 1000
-OUT = ROOT / "bench" / "RESULTS.md"
+# PostgreSQL 15's figures are bench/RESULTS.md; another major's (make bench PG=N) RESULTS.pgN.md.
+OUT = ROOT / "bench" / ("RESULTS.md" if PG_MAJOR == 15 else f"RESULTS.pg{PG_MAJOR}.md")
 lines: list[str] = []
 
 
@@ -360,7 +361,9 @@ def main():
                 cur.executemany("SELECT feature_outbox.edit_feature(%s, %s, 'created')", counties)
         say(f"# feature_outbox benchmark results")
         say()
-        say(f"`make bench` ({os.cpu_count()} cores, release build, PostgreSQL 15, nats-server on loopback, "
+        say(f"`make bench` ({os.cpu_count()} cores, release build, "
+            f"PostgreSQL {subprocess.run([PG_BIN / 'postgres', '--version'], capture_output=True, text=True).stdout.split()[2]}"
+            f", nats-server on loopback, "
             f"{len(counties):,} county polygons). Median of {REPEATS} runs, min – max in brackets.")
         say()
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: on this machine, against real components (PostgreSQL clusters of 15 or the root's major, nats-server -js, an
-# HTTP receiver). Prints figures and rewrites bench/RESULTS.md; asserts nothing about speed.
+# HTTP receiver). Prints figures and rewrites bench/RESULTS.md (bench/RESULTS.pgN.md for PG=N); asserts nothing about speed.
 #   1. bench/results.py: relay (1 and 2 workers, the guide's external relay, both floors), HTTP,
 #      commit-to-subscriber latency, the write path (with bench/edit_bench.py), claim cost against
 #      history, worker memory (BENCH_REPEATS, BENCH_BACKLOG, BENCH_LATENCY_SECONDS);
@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
+OUT=bench/RESULTS.md   # another major's figures: bench/RESULTS.pgN.md (bench/results.py names it too)
+if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBOX_PG.md; fi
 "$PY" bench/results.py
 "$PY" bench/pressure_bench.py
-{ printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a bench/RESULTS.md
+{ printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a "$OUT"

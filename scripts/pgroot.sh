@@ -6,7 +6,8 @@
 #   scripts/pgroot.sh run N CMD...  ensure it, mount what is needed, run CMD inside it with the repo
 #                                   at the same path and as the working directory; exit with CMD's status
 #   scripts/pgroot.sh clean N       unmount and remove the root and its cached tarballs
-#
+#   N may be clean-N: the package-test root of major N (postgresql-N-postgis-3 and nats-server only),
+#   extracted afresh for every run; see "clean roots" below.
 # Majors: 15 -> bookworm, 17 -> trixie, 18 -> sid. Runs as root or via sudo, like scripts/setup.sh.
 #
 # A finished root is cached as /var/tmp/feature_outbox_roots/pgN-<hash12>.tar.zst (gzip without zstd),
@@ -14,6 +15,14 @@
 # extracted at /var/tmp/feature_outbox_roots/pgN/ with a stamp file .pgroot-stamp naming the hash.
 # A changed definition rebuilds. `run` enters a private mount namespace (unshare) where it can, so
 # its mounts are never seen outside and vanish with it; it unmounts what it mounted on exit as well.
+#
+# Clean roots (clean-N, for scripts/package_test.sh): made the same way from the same definition,
+# but holding only postgresql-N-postgis-3 (which brings postgresql-N), nats-server and what apt
+# needs: no Rust, no compiler, no build tree. Cached as clean<N>-<hash12>.tar.zst, the hash also
+# covering the CLEAN DEFINITION section; every `run` takes the root's lock exclusively and extracts
+# it afresh from the tarball, so each run starts from a just-installed system. Mounted inside:
+# /proc, /dev, the name servers and the repo's dist/ read-only at the same path (the working
+# directory); nothing else of the host.
 #
 # Inside `run`: the host's $HOME/.cargo and $HOME/.rustup (the rustup toolchain and crate cache) at the
 # same paths, ../shared read-only, the host's CA bundle (for pip and cargo behind a proxy), and per root CARGO_TARGET_DIR, PGRX_HOME and FEATURE_OUTBOX_VENV
@@ -113,12 +122,36 @@ build_root() {
 }
 #=== END DEFINITION ===
 
+#=== BEGIN CLEAN DEFINITION ===
+# The clean package-test roots. Hashed after the DEFINITION above (which they reuse); editing this
+# section rebuilds the clean roots only.
+CLEAN_PACKAGES=(postgresql-@N@-postgis-3 nats-server)
+
+build_clean_root() {
+  local -a PACKAGES=("${CLEAN_PACKAGES[@]}")   # build_root reads PACKAGES (through packages_for)
+  build_root "$1" "$2"
+  rm -rf "$2/var/lib/feature_outbox"
+}
+#=== END CLEAN DEFINITION ===
+
 definition_hash() {
   local major="$1"
   {
     echo "suite=$(suite_for "$major")"
     echo "packages=$(packages_for "$major" | tr '\n' ' ')"
     sed -n '/^#=== BEGIN DEFINITION ===$/,/^#=== END DEFINITION ===$/p' "$SELF"
+  } | sha256sum | cut -d' ' -f1
+}
+
+# The cache key of this run's root: definition_hash for a build root (unchanged by clean roots),
+# that and the CLEAN DEFINITION section for a clean one.
+root_hash() {
+  if [ "$KIND" = build ]; then definition_hash "$MAJOR"; return; fi
+  {
+    echo "kind=clean"
+    echo "packages=$(PACKAGES=("${CLEAN_PACKAGES[@]}"); packages_for "$MAJOR" | tr '\n' ' ')"
+    definition_hash "$MAJOR"
+    sed -n '/^#=== BEGIN CLEAN DEFINITION ===$/,/^#=== END CLEAN DEFINITION ===$/p' "$SELF"
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -202,17 +235,18 @@ ensure_host_tools() {
 }
 
 # Makes $ROOT match the definition of major $MAJOR: keeps it, extracts the cached tarball, or builds
-# it and writes the tarball. Called with the root's lock held exclusively.
+# it and writes the tarball. Called with the root's lock held exclusively. `ensure_root fresh`
+# never keeps the extracted root: it starts again from the tarball (a clean root's every run).
 ensure_root() {
   local hash tarball ext t size f
-  hash="$(definition_hash "$MAJOR")"
-  if [ "$(cat "$ROOT/$STAMP_NAME" 2>/dev/null)" = "$hash" ]; then return 0; fi
+  hash="$(root_hash)"
+  if [ "${1:-}" != fresh ] && [ "$(cat "$ROOT/$STAMP_NAME" 2>/dev/null)" = "$hash" ]; then return 0; fi
 
   remove_root "$ROOT"
   tarball=""
   for ext in tar.zst tar.gz; do
     if [ "$ext" = tar.zst ] && ! command -v zstd >/dev/null 2>&1; then continue; fi
-    f="$ROOTS/pg$MAJOR-${hash:0:12}.$ext"
+    f="$ROOTS/$NAME-${hash:0:12}.$ext"
     if [ -s "$f" ]; then tarball="$f"; break; fi
   done
   mkdir -p "$ROOT"
@@ -225,18 +259,18 @@ ensure_root() {
     say "extract $(basename "$tarball") $((SECONDS - t)) s"
   else
     ensure_host_tools
-    BUILD_LOG="$ROOTS/pg$MAJOR-build.log"
+    BUILD_LOG="$ROOTS/$NAME-build.log"
     : >"$BUILD_LOG"
-    say "building the pg$MAJOR root ($(suite_for "$MAJOR"), definition ${hash:0:12}); log: $BUILD_LOG"
-    build_root "$MAJOR" "$ROOT"
+    say "building the $NAME root ($(suite_for "$MAJOR"), definition ${hash:0:12}); log: $BUILD_LOG"
+    if [ "$KIND" = clean ]; then build_clean_root "$MAJOR" "$ROOT"; else build_root "$MAJOR" "$ROOT"; fi
     [ -z "$(mounts_under "$ROOT")" ] || die "still mounted under $ROOT; not packing it"
     t=$SECONDS
     if command -v zstd >/dev/null 2>&1; then
-      tarball="$ROOTS/pg$MAJOR-${hash:0:12}.tar.zst"
+      tarball="$ROOTS/$NAME-${hash:0:12}.tar.zst"
       tar -C "$ROOT" --numeric-owner --xattrs --xattrs-include='*' -cf - . \
         | zstd -q -T1 -3 -o "$tarball.tmp" -f
     else
-      tarball="$ROOTS/pg$MAJOR-${hash:0:12}.tar.gz"
+      tarball="$ROOTS/$NAME-${hash:0:12}.tar.gz"
       tar -C "$ROOT" --numeric-owner --xattrs --xattrs-include='*' -czf "$tarball.tmp" .
     fi
     mv -f "$tarball.tmp" "$tarball"
@@ -245,7 +279,7 @@ ensure_root() {
     BUILD_LOG=""
   fi
   # Tarballs of older definitions of this major are of no further use.
-  for f in "$ROOTS/pg$MAJOR"-*.tar.*; do
+  for f in "$ROOTS/$NAME"-*.tar.*; do
     if [ -e "$f" ] && [ "$f" != "$tarball" ]; then rm -f "$f"; fi
   done
   echo "$hash" >"$ROOT/$STAMP_NAME"
@@ -254,7 +288,7 @@ ensure_root() {
 # Ensures the root and leaves its lock held shared: runs share a root, clean and rebuilds wait for them.
 ensure_root_shared() {
   flock -s 9
-  if [ "$(cat "$ROOT/$STAMP_NAME" 2>/dev/null)" != "$(definition_hash "$MAJOR")" ]; then
+  if [ "$(cat "$ROOT/$STAMP_NAME" 2>/dev/null)" != "$(root_hash)" ]; then
     flock -u 9
     flock -x 9
     ensure_root
@@ -264,28 +298,33 @@ ensure_root_shared() {
 
 # --- commands -----------------------------------------------------------------------------------
 usage() {
-  sed -n '2,10p' "$SELF" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,12p' "$SELF" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
 [ $# -ge 2 ] || usage
-CMD="$1" MAJOR="$2"
+CMD="$1" WHICH="$2"
 shift 2
-suite_for "$MAJOR" >/dev/null || die "no root for PostgreSQL $MAJOR (majors: 15, 17, 18)"
+# WHICH is N (the build root of major N, named pgN) or clean-N (its clean root, named cleanN).
+case "$WHICH" in
+  clean-*) KIND=clean MAJOR="${WHICH#clean-}" NAME="clean${WHICH#clean-}" ;;
+  *) KIND=build MAJOR="$WHICH" NAME="pg$WHICH" ;;
+esac
+suite_for "$MAJOR" >/dev/null || die "no root for PostgreSQL $MAJOR (majors: 15, 17, 18; clean-15, clean-17, clean-18)"
 case "$CMD" in path | run | clean) ;; *) usage ;; esac
 [ "$CMD" != run ] || [ $# -gt 0 ] || usage
-[ "$(id -u)" -eq 0 ] || exec sudo -E -- bash "$SELF" "$CMD" "$MAJOR" "$@"
+[ "$(id -u)" -eq 0 ] || exec sudo -E -- bash "$SELF" "$CMD" "$WHICH" "$@"
 
 # path and run mount things (building, running): do it in a private mount namespace where one can
 # be had, so that nothing is ever left mounted on the host, whatever becomes of this process.
 if [ "$CMD" != clean ] && [ -z "${PGROOT_IN_NS:-}" ] \
    && unshare --mount --propagation private true 2>/dev/null; then
-  PGROOT_IN_NS=1 exec unshare --mount --propagation private -- bash "$SELF" "$CMD" "$MAJOR" "$@"
+  PGROOT_IN_NS=1 exec unshare --mount --propagation private -- bash "$SELF" "$CMD" "$WHICH" "$@"
 fi
 
-ROOT="$ROOTS/pg$MAJOR"
+ROOT="$ROOTS/$NAME"
 mkdir -p "$ROOTS"
-exec 9>"$ROOTS/pg$MAJOR.lock"
+exec 9>"$ROOTS/$NAME.lock"
 
 case "$CMD" in
   path)
@@ -294,43 +333,58 @@ case "$CMD" in
     ;;
 
   clean)
-    flock -x -w 60 9 || die "the pg$MAJOR root is in use (a run holds $ROOTS/pg$MAJOR.lock)"
+    flock -x -w 60 9 || die "the $NAME root is in use (a run holds $ROOTS/$NAME.lock)"
     rm -f "$ROOT/$STAMP_NAME" 2>/dev/null || true
     remove_root "$ROOT"
-    rm -f "$ROOTS/pg$MAJOR"-*.tar.* "$ROOTS/pg$MAJOR-build.log"
+    rm -f "$ROOTS/$NAME"-*.tar.* "$ROOTS/$NAME-build.log"
     say "removed $ROOT and its cache"
     ;;
 
   run)
-    ensure_root_shared   # held for as long as CMD runs
-    mount_root "$ROOT"
-    bind_mount "$REPO" "$ROOT$REPO"
-    for d in "$HOME/.cargo" "$HOME/.rustup"; do
-      if [ -d "$d" ]; then bind_mount "$d" "$ROOT$d"; else say "warning: no $d on the host"; fi
-    done
-    mkdir -p "$ROOT$HOME"
-    if [ -d "$SHARED" ]; then bind_mount "$SHARED" "$ROOT$SHARED" ro; fi
-    envs=(
-      "HOME=$HOME" "USER=root" "LOGNAME=root" "LANG=C.UTF-8" "TERM=${TERM:-dumb}"
-      "PATH=$HOME/.cargo/bin:/usr/lib/postgresql/$MAJOR/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-      "CARGO_TARGET_DIR=/var/lib/feature_outbox/target"
-      "PGRX_HOME=/var/lib/feature_outbox/pgrx"
-      "FEATURE_OUTBOX_VENV=/var/lib/feature_outbox/venv"
-      "PG_CONFIG=/usr/lib/postgresql/$MAJOR/bin/pg_config"
-      "FEATURE_OUTBOX_PG=$MAJOR"
-    )
-    for v in CI RUST_BACKTRACE RUST_LOG CARGO_BUILD_JOBS CARGO_INCREMENTAL CARGO_TERM_COLOR NO_COLOR \
-             http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_INDEX_URL PIP_DEFAULT_TIMEOUT; do
-      if [ -n "${!v+set}" ]; then envs+=("$v=${!v}"); fi
-    done
-    # The host's CA bundle, which may trust a proxy's CA that the root's ca-certificates does not:
-    # pip (PyPI) and cargo (crates.io) in the root use it.
-    host_ca=/etc/ssl/certs/ca-certificates.crt
-    if [ -s "$host_ca" ]; then
-      bind_mount "$host_ca" "$ROOT/etc/ssl/host-ca-certificates.crt" ro
-      for v in SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE CARGO_HTTP_CAINFO GIT_SSL_CAINFO; do
-        envs+=("$v=/etc/ssl/host-ca-certificates.crt")
+    if [ "$KIND" = clean ]; then
+      # A clean root is this run's alone (the lock held exclusively for as long as CMD runs) and
+      # starts from its tarball: what a previous run installed or left is gone.
+      flock -x 9
+      ensure_root fresh
+      mount_root "$ROOT"
+      mkdir -p "$REPO/dist"
+      bind_mount "$REPO/dist" "$ROOT$REPO/dist" ro
+      envs=(
+        "HOME=/root" "USER=root" "LOGNAME=root" "LANG=C.UTF-8" "TERM=${TERM:-dumb}"
+        "PATH=/usr/lib/postgresql/$MAJOR/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        "FEATURE_OUTBOX_PG=$MAJOR" "DEBIAN_FRONTEND=noninteractive"
+      )
+    else
+      ensure_root_shared   # held for as long as CMD runs
+      mount_root "$ROOT"
+      bind_mount "$REPO" "$ROOT$REPO"
+      for d in "$HOME/.cargo" "$HOME/.rustup"; do
+        if [ -d "$d" ]; then bind_mount "$d" "$ROOT$d"; else say "warning: no $d on the host"; fi
       done
+      mkdir -p "$ROOT$HOME"
+      if [ -d "$SHARED" ]; then bind_mount "$SHARED" "$ROOT$SHARED" ro; fi
+      envs=(
+        "HOME=$HOME" "USER=root" "LOGNAME=root" "LANG=C.UTF-8" "TERM=${TERM:-dumb}"
+        "PATH=$HOME/.cargo/bin:/usr/lib/postgresql/$MAJOR/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        "CARGO_TARGET_DIR=/var/lib/feature_outbox/target"
+        "PGRX_HOME=/var/lib/feature_outbox/pgrx"
+        "FEATURE_OUTBOX_VENV=/var/lib/feature_outbox/venv"
+        "PG_CONFIG=/usr/lib/postgresql/$MAJOR/bin/pg_config"
+        "FEATURE_OUTBOX_PG=$MAJOR"
+      )
+      for v in CI RUST_BACKTRACE RUST_LOG CARGO_BUILD_JOBS CARGO_INCREMENTAL CARGO_TERM_COLOR NO_COLOR \
+               http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_INDEX_URL PIP_DEFAULT_TIMEOUT; do
+        if [ -n "${!v+set}" ]; then envs+=("$v=${!v}"); fi
+      done
+      # The host's CA bundle, which may trust a proxy's CA that the root's ca-certificates does not:
+      # pip (PyPI) and cargo (crates.io) in the root use it.
+      host_ca=/etc/ssl/certs/ca-certificates.crt
+      if [ -s "$host_ca" ]; then
+        bind_mount "$host_ca" "$ROOT/etc/ssl/host-ca-certificates.crt" ro
+        for v in SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE CARGO_HTTP_CAINFO GIT_SSL_CAINFO; do
+          envs+=("$v=/etc/ssl/host-ca-certificates.crt")
+        done
+      fi
     fi
     # CMD runs as a child this shell waits for, so that a signal to this script reaches CMD (SIGINT
     # as SIGTERM: an asynchronous child ignores SIGINT) and the mounts go once CMD has ended.
