@@ -27,12 +27,6 @@ ifdef ROOTED
 # Outside the root of major PG: each target runs again inside it.
 setup build install install-test test unit-test pg-test demo bench bench-ab faults package:
 	$(SUDO) bash scripts/pgroot.sh run $(PG) make $@ PG=$(PG) $(PASS_ON_ARGS)
-
-package-test:
-	bash scripts/package_test.sh $(PG)
-
-clean:
-	cargo clean
 else
 setup:
 	bash scripts/setup.sh
@@ -93,12 +87,13 @@ faults: install-test
 package: setup
 	PG_CONFIG=$(PG_CONFIG) bash scripts/package.sh
 
-## package-test: the packages of major PG installed in a clean root of its Debian release (no Rust,
-## no compiler): the README's quick start, the 0.2.0 package upgraded with waiting events, and a
-## pg_dump from 15 restored. Needs make package PG=$(PG) first.
+endif
+
+## package-test (on the host, any PG): the packages of major PG installed in a clean root of its
+## Debian release (no Rust, no compiler): the README's quick start, the 0.2.0 package upgraded with
+## waiting events, and a pg_dump from 15 restored. Needs make package PG=$(PG) first.
 package-test:
 	bash scripts/package_test.sh $(PG)
 
 clean:
 	cargo clean
-endif

@@ -16,12 +16,7 @@ $SUDO cp -a /usr/lib/postgresql/15 "$dir/usr/lib/postgresql/"
 $SUDO cp -a /usr/share/postgresql/15 "$dir/usr/share/postgresql/"
 $SUDO rm -f "$dir"/usr/share/postgresql/15/extension/feature_outbox* "$dir"/usr/lib/postgresql/15/lib/feature_outbox.so
 # Its own target directory, kept: a second run builds nothing.
-(cd "$work/src" && CARGO_TARGET_DIR="$root/target/ab-${commit:0:12}" \
-   cargo pgrx package --pg-config /usr/lib/postgresql/15/bin/pg_config --out-dir "$work/pkg" --features fault-injection >&2)
+CARGO_TARGET_DIR="$root/target/ab-${commit:0:12}" PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config \
+  bash "$root/scripts/stage.sh" "$work/src" "$work/pkg" --features fault-injection >&2
 $SUDO cp -a "$work/pkg/usr/." "$dir/usr/"
-for frozen in "$work/src"/sql/feature_outbox--*.sql; do
-  name=$(basename "$frozen")
-  case "$name" in *--*--*) continue ;; esac
-  [ -e "$dir/usr/share/postgresql/15/extension/$name" ] || $SUDO cp "$frozen" "$dir/usr/share/postgresql/15/extension/$name"
-done
 echo "$dir/usr/lib/postgresql/15/bin"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian binary package of the extension for the PostgreSQL of $PG_CONFIG:
 #   dist/postgresql-N-feature-outbox_<version>-1_amd64.deb
-# with `cargo pgrx package` (as scripts/install.sh does, plus the frozen install scripts of earlier
-# releases) and dpkg-deb; Depends: postgresql-N, postgresql-N-postgis-3 and what dpkg-shlibdeps
+# with scripts/stage.sh (cargo pgrx package plus the frozen install scripts of earlier releases, as
+# for scripts/install.sh) and dpkg-deb; Depends: postgresql-N, postgresql-N-postgis-3 and what dpkg-shlibdeps
 # finds the library links. Run it where that major's Debian is (`make package PG=N`: the host for
 # 15, the root of 17 or 18 otherwise), so the dependencies are that release's.
 #   package.sh                        this tree
@@ -58,11 +58,10 @@ target="${CARGO_TARGET_DIR:-$REPO/target}"
 case "$target" in /*) ;; *) target="$REPO/$target" ;; esac
 if [ "$src" != "$REPO" ]; then target="$target/src-$version"; fi   # never evicts this tree's build
 out="$target/deb-pg$major"                                          # cargo pgrx package's output
-rm -rf "$out"
 
 t=$SECONDS
 say "building feature_outbox $version for PostgreSQL $major ($PG_CONFIG) from $src"
-(cd "$src" && CARGO_TARGET_DIR="$target" cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$out")
+CARGO_TARGET_DIR="$target" PG_CONFIG="$PG_CONFIG" bash "$REPO/scripts/stage.sh" "$src" "$out"
 say "cargo pgrx package $((SECONDS - t)) s"
 
 libdir="$("$PG_CONFIG" --pkglibdir)"          # /usr/lib/postgresql/N/lib
@@ -78,17 +77,8 @@ install -m 0644 "$out$libdir/feature_outbox.so" "$root$libdir/feature_outbox.so"
 if command -v strip >/dev/null; then
   strip --remove-section=.comment --remove-section=.note --strip-unneeded "$root$libdir/feature_outbox.so"
 fi
+# The staging tree has every install and upgrade script (scripts/stage.sh).
 for f in "$out$extdir"/feature_outbox*; do install -m 0644 "$f" "$root$extdir/"; done
-# cargo-pgrx writes the current version's install script and copies the upgrade scripts
-# (sql/feature_outbox--A--B.sql); the frozen install scripts of earlier releases join them, so that
-# `CREATE EXTENSION feature_outbox VERSION 'A'` and every upgrade path work from the package.
-for frozen in "$src"/sql/feature_outbox--*.sql; do
-  name="$(basename "$frozen")"
-  case "$name" in
-    *--*--*) [ -e "$root$extdir/$name" ] || die "cargo pgrx package did not copy the upgrade script $name" ;;
-    *) [ -e "$root$extdir/$name" ] || install -m 0644 "$frozen" "$root$extdir/$name" ;;
-  esac
-done
 [ -e "$root$extdir/feature_outbox--$version.sql" ] || die "no install script feature_outbox--$version.sql"
 
 cat >"$root/usr/share/doc/$pkg/copyright" <<EOF
