@@ -69,11 +69,15 @@ bench: setup
 
 ## bench-ab: this build against 0.2.0 (its release commit), side by side: the bigint edit path and
 ## the relay, each as a ratio to its floor. Builds 0.2.0 into a copy of the PostgreSQL tree first.
+## AB_COMMIT and AB_LABEL compare against another commit (the output then goes to bench/AB-<label>.md).
+AB_COMMIT ?= 4bc42654f1b92a2e0b2c580995f0eefbce8c1de0
+AB_LABEL ?= 0.2.0
+AB_OUT = $(if $(filter 0.2.0,$(AB_LABEL)),bench/AB.md,bench/AB-$(AB_LABEL).md)
 bench-ab: setup
 	@[ "$(PG)" = 15 ] || { echo "bench-ab compares against 0.2.0 on PostgreSQL 15 only" >&2; exit 2; }
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
-	FEATURE_OUTBOX_AB_BIN=$$(bash bench/ab_setup.sh 4bc42654f1b92a2e0b2c580995f0eefbce8c1de0 /opt/pg-0.2.0) \
-	  FEATURE_OUTBOX_AB_LABEL=0.2.0 .venv/bin/python bench/ab_bench.py | tee bench/AB.md
+	FEATURE_OUTBOX_AB_BIN=$$(bash bench/ab_setup.sh $(AB_COMMIT) /opt/pg-$(AB_LABEL)) \
+	  FEATURE_OUTBOX_AB_LABEL=$(AB_LABEL) .venv/bin/python bench/ab_bench.py | tee $(AB_OUT)
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
 ## faults: every fault drill in full (JetStream cluster, failover, outages, hostile receivers),

@@ -148,6 +148,14 @@ def nats_fixture(name: str):
     return fixture
 
 
+@pytest.fixture(scope="module")
+def receiver():
+    """A module-scoped HTTP Receiver on 127.0.0.1; a test module imports it as its `receiver` fixture."""
+    r = Receiver()
+    yield r
+    r.close()
+
+
 def relay_cluster(name: str, db: str, *settings: str, setup: tuple[str, ...] = ()) -> Cluster:
     """A cluster that preloads feature_outbox with `settings`, and database `db` with the extension
     and the `setup` statements run in it."""

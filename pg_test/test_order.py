@@ -10,17 +10,10 @@ from collections import defaultdict
 import pytest
 
 from conftest import RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, Receiver, configure, wait_for
+from relay_harness import NatsServer, configure, receiver, wait_for  # noqa: F401 (receiver: a fixture)
 
 DB = "order"
 FEATURES, VERSIONS = 200, 25
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

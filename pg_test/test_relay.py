@@ -17,7 +17,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
-from relay_harness import NatsServer, Receiver, get_object, subject, wait_for
+from relay_harness import NatsServer, Receiver, get_object, receiver, subject, wait_for  # noqa: F401 (receiver: a fixture)
 from relay_harness import configure as harness_configure
 
 DB = "relay"
@@ -41,13 +41,6 @@ def nats_server():
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -207,9 +207,15 @@ AS $$
 DECLARE
     after text;            -- the last key of the chunk before, in the id column's order
     r text[];
+    -- The trace context in effect at CALL. Each COMMIT below ends a SET LOCAL, so every chunk's
+    -- transaction sets it again, and each snapshot row records it (the outbox columns' defaults).
+    tp text := coalesce(pg_catalog.current_setting('feature_outbox.traceparent', true), '');
+    ts text := coalesce(pg_catalog.current_setting('feature_outbox.tracestate', true), '');
 BEGIN
     written := 0;
     LOOP
+        PERFORM pg_catalog.set_config('feature_outbox.traceparent', tp, true),
+                pg_catalog.set_config('feature_outbox.tracestate', ts, true);
         r := feature_outbox._backfill_chunk(layer, area, after, 500);
         EXIT WHEN r[1] IS NULL;
         written := written + r[2]::bigint;

@@ -9,6 +9,11 @@
 ALTER TABLE outbox ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid, ADD COLUMN feature_key text;
 ALTER TABLE feature_state ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid,
                           ADD COLUMN version integer, ADD COLUMN last_event text, ADD COLUMN feature_key text;
+-- The writer's W3C trace context, recorded by every edit through the columns' defaults.
+ALTER TABLE outbox
+    ADD COLUMN traceparent text DEFAULT nullif(pg_catalog.current_setting('feature_outbox.traceparent', true), ''),
+    ADD COLUMN tracestate text DEFAULT CASE WHEN pg_catalog.current_setting('feature_outbox.traceparent', true) <> ''
+                                            THEN nullif(pg_catalog.current_setting('feature_outbox.tracestate', true), '') END;
 -- uuid and text keys (feature_key): their numbers.
 CREATE SEQUENCE feature_key_seq;
 CREATE TABLE feature_keys (
@@ -1246,9 +1251,15 @@ AS $$
 DECLARE
     after text;            -- the last key of the chunk before, in the id column's order
     r text[];
+    -- The trace context in effect at CALL. Each COMMIT below ends a SET LOCAL, so every chunk's
+    -- transaction sets it again, and each snapshot row records it (the outbox columns' defaults).
+    tp text := coalesce(pg_catalog.current_setting('feature_outbox.traceparent', true), '');
+    ts text := coalesce(pg_catalog.current_setting('feature_outbox.tracestate', true), '');
 BEGIN
     written := 0;
     LOOP
+        PERFORM pg_catalog.set_config('feature_outbox.traceparent', tp, true),
+                pg_catalog.set_config('feature_outbox.tracestate', ts, true);
         r := feature_outbox._backfill_chunk(layer, area, after, 500);
         EXIT WHEN r[1] IS NULL;
         written := written + r[2]::bigint;

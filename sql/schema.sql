@@ -43,7 +43,12 @@ CREATE TABLE outbox (
     -- The feature's key as the application stores it, for a layer keyed by uuid or text (0.3.0);
     -- feature_id is then the extension's own number for it (feature_state.feature_key). NULL for
     -- integer keys, which feature_id is.
-    feature_key          text
+    feature_key          text,
+    -- The writer's W3C trace context (0.3.0): feature_outbox.traceparent and .tracestate in effect at
+    -- write time, sent with the event. NULL without one; a tracestate only goes with a traceparent.
+    traceparent          text        DEFAULT nullif(pg_catalog.current_setting('feature_outbox.traceparent', true), ''),
+    tracestate           text        DEFAULT CASE WHEN pg_catalog.current_setting('feature_outbox.traceparent', true) <> ''
+                                                  THEN nullif(pg_catalog.current_setting('feature_outbox.tracestate', true), '') END
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';

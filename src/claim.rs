@@ -31,7 +31,7 @@ pub const CLAIM_SQL: &str = "
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       o.row_failures, o.layer, o.previous_bbox, o.feature_key
+       o.row_failures, o.layer, o.previous_bbox, o.feature_key, o.traceparent, o.tracestate
   FROM feature_outbox.outbox o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
@@ -119,6 +119,8 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
             geometry: None,
             properties: None,
             read_error: None,
+            traceparent: get_s(13)?,
+            tracestate: get_s(14)?,
         });
     }
     if !rows.is_empty() {

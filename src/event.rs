@@ -43,6 +43,9 @@ pub struct Row {
     /// Why the row's layer could not be read (table dropped or altered): the row fails alone.
     pub read_error: Option<String>,
     pub row_failures: i32,
+    /// The writer's W3C traceparent and tracestate (feature_outbox.traceparent at write time).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl Row {
@@ -177,6 +180,8 @@ pub(crate) mod tests {
             properties: Some(RawValue::from_string(r#"{"name": "Main St", "lanes": 2}"#.into()).unwrap()),
             read_error: None,
             row_failures: 0,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

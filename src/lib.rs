@@ -24,6 +24,8 @@ mod settings;
 mod sinks;
 mod subjects;
 mod subxact;
+mod trace_context;
+mod cloudevents;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;

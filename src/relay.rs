@@ -35,6 +35,9 @@ const SINK_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 /// than that can become visible after a run's scan has passed it.
 const RETENTION_FLOOR_MARGIN_S: f64 = 600.0;
 
+/// The database this worker connected to, set once at connect.
+static WORKER_DATABASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// Registers `feature_outbox.relay_workers` workers. Called from `_PG_init` while preloading.
 pub fn register_workers() {
     let count = settings::RELAY_WORKERS.get().clamp(0, MAX_WORKERS as i32);
@@ -73,6 +76,7 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     update_slot(index, |s| s.connect_attempt_at = now());
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
     update_slot(index, |s| s.connect_attempt_at = 0);
+    let _ = WORKER_DATABASE.set(database.clone());
     // Every name the relay uses is schema-qualified or in pg_catalog; no schema of a user (say, one
     // named after the worker's role) may shadow them. READ COMMITTED whatever the server's default:
     // the claim's layer reads take a snapshot newer than the claim's (claim.rs), and a claim under
@@ -428,6 +432,8 @@ impl Relay {
             max_age: Duration::from_secs(settings::NATS_MAX_AGE_S.get().max(0) as u64),
             object_bucket: settings::string(&settings::NATS_OBJECT_BUCKET),
             http_max_body: settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024,
+            envelope: settings::ENVELOPE.get(),
+            database: WORKER_DATABASE.get().cloned().unwrap_or_default(),
         }
     }
 

@@ -29,6 +29,20 @@ pub enum SubjectFormat {
     Legacy,
 }
 
+/// How an event leaves (README, "CloudEvents and tracing").
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Envelope {
+    /// The event JSON with this project's headers, as 0.2.0 sends it.
+    #[name = c"native"]
+    Native,
+    /// Binary-mode CloudEvents 1.0: the same body, the attributes in `ce-` headers.
+    #[name = c"cloudevents"]
+    CloudEvents,
+}
+
+pub static ENVELOPE: GucSetting<Envelope> = GucSetting::<Envelope>::new(Envelope::Native);
+pub static TRACEPARENT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static TRACESTATE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static SUBJECT_FORMAT: GucSetting<SubjectFormat> = GucSetting::<SubjectFormat>::new(SubjectFormat::Layered);
 pub static H3_RESOLUTION: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static AREA_OF_USE_MARGIN: GucSetting<f64> = GucSetting::<f64>::new(1.0);
@@ -90,6 +104,42 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+
+    GucRegistry::define_enum_guc(
+        c"feature_outbox.envelope",
+        c"How the relay sends events: native (the event JSON and this project's headers) or cloudevents (binary-mode CloudEvents 1.0).",
+        c"Superuser-settable, so that it can differ per database; the relay reads it when it connects and on reload.",
+        &ENVELOPE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // The writer's trace: SET LOCAL in the editing transaction; every outbox row records the value
+    // in effect (the columns' defaults). Not in postgresql.conf: a trace belongs to one request.
+    let trace_flags = GucFlags::DISALLOW_IN_FILE | GucFlags::DISALLOW_IN_AUTO_FILE;
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.traceparent",
+            c"W3C traceparent of the edits that follow (00-<trace-id>-<parent-id>-<flags>); empty for none.",
+            c"Set it with SET LOCAL from the application's current span; the relay sends it with each event.",
+            &TRACEPARENT,
+            GucContext::Userset,
+            trace_flags,
+            Some(check_traceparent),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.tracestate",
+            c"W3C tracestate that goes with feature_outbox.traceparent; empty for none.",
+            c"Recorded only for an edit that has a traceparent.",
+            &TRACESTATE,
+            GucContext::Userset,
+            trace_flags,
+            Some(check_tracestate),
+            None,
+            None,
+        );
+    }
 
     GucRegistry::define_bool_guc(
         c"feature_outbox.ddl_guard",
@@ -282,6 +332,18 @@ unsafe fn check_string(newval: *mut *mut std::ffi::c_char, check: impl FnOnce(&s
 #[pg_guard]
 unsafe extern "C-unwind" fn check_resolutions(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
     unsafe { check_string(newval, |v| parse_resolutions(v).map(|_| ())) }
+}
+
+/// Refuses a malformed traceparent when it is set (22023, with what is wrong).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_traceparent(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_string(newval, crate::trace_context::check_traceparent) }
+}
+
+/// Refuses a malformed tracestate when it is set (22023, with what is wrong).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_tracestate(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_string(newval, crate::trace_context::check_tracestate) }
 }
 
 /// A subject prefix: one or more dot-separated tokens, none empty, without whitespace, control

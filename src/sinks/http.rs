@@ -7,7 +7,9 @@ use ureq::Agent;
 use ureq::tls::{RootCerts, TlsConfig};
 
 use super::{Outcome, SinkConfig};
+use crate::cloudevents::{self, Binding, Message};
 use crate::event::{Row, webhook_signature};
+use crate::settings::Envelope;
 
 pub struct HttpSink {
     agent: Agent,
@@ -17,6 +19,9 @@ pub struct HttpSink {
     secret: Option<String>,
     timeout: Duration,
     max_body: usize,
+    envelope: Envelope,
+    database: String,
+    prefix: String,
 }
 
 impl HttpSink {
@@ -45,7 +50,7 @@ impl HttpSink {
             .build()
             .into();
         let shown_url = crate::settings::redact_urls(config.endpoint.split('?').next().unwrap_or_default());
-        Ok(HttpSink { agent, url: config.endpoint.clone(), shown_url, secret: config.http_secret.clone(), timeout: config.publish_timeout, max_body: config.http_max_body })
+        Ok(HttpSink { agent, url: config.endpoint.clone(), shown_url, secret: config.http_secret.clone(), timeout: config.publish_timeout, max_body: config.http_max_body, envelope: config.envelope, database: config.database.clone(), prefix: config.subject_prefix.clone() })
     }
 
     /// POSTs the batch in order, stopping at the first sink-level failure. No request starts after
@@ -81,6 +86,9 @@ impl HttpSink {
             .header("webhook-id", &row.event_id)
             .header("Idempotency-Key", &row.event_id)
             .header("webhook-timestamp", timestamp.to_string());
+        for (name, value) in cloudevents::headers(self.envelope, Binding::Http, &self.database, &self.prefix, row, Message::Event) {
+            request = request.header(name, value);
+        }
         if let Some(secret) = &self.secret {
             match webhook_signature(secret, &row.event_id, timestamp, body) {
                 Ok(sig) => request = request.header("webhook-signature", sig),

@@ -31,6 +31,10 @@ pub struct SinkConfig {
     pub max_age: Duration,
     pub object_bucket: String,
     pub http_max_body: usize,
+    /// feature_outbox.envelope.
+    pub envelope: crate::settings::Envelope,
+    /// The database whose outbox the worker relays (CloudEvents `source`).
+    pub database: String,
 }
 
 /// What happened to one row of a batch.

@@ -10,7 +10,9 @@ use futures::future::join_all;
 use tokio::runtime::Runtime;
 
 use super::{Outcome, SinkConfig};
+use crate::cloudevents::{self, Binding, Message};
 use crate::event::{self, GeometryRef, Row};
+use crate::settings::Envelope;
 use crate::subjects;
 
 pub struct NatsSink {
@@ -22,6 +24,8 @@ pub struct NatsSink {
     legacy_subjects: bool,
     /// feature_outbox.subject_resolutions.
     resolutions: Vec<u8>,
+    envelope: Envelope,
+    database: String,
     timeout: Duration,
     bucket: object_store::Config,
     /// The object bucket, created or found on the first event over max_payload.
@@ -150,7 +154,7 @@ impl NatsSink {
             num_replicas: config.replicas,
             ..Default::default()
         };
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), timeout, bucket, objects: None, limits_differ })
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, database: config.database.clone(), timeout, bucket, objects: None, limits_differ })
     }
 
     /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
@@ -173,6 +177,7 @@ impl NatsSink {
         }
         let (js, timeout) = (&self.js, self.timeout);
         let (prefix, legacy, resolutions) = (self.prefix.as_str(), self.legacy_subjects, self.resolutions.as_slice());
+        let headers = |row: &Row, message: Message| headers(self.envelope, &self.database, prefix, row, message);
         self.runtime.block_on(async {
             let mut outcomes = Vec::with_capacity(rows.len());
             for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
@@ -198,12 +203,13 @@ impl NatsSink {
                             continue;
                         }
                     };
-                    let event = send(js, timeout, max_payload, row, subjects.event, &row.event_id, body).await;
+                    let event = send(js, timeout, max_payload, headers(row, Message::Event), subjects.event, &row.event_id, body).await;
                     // The departure notice goes out beside the event, under its own message id, so
                     // that dedup keeps one of each; the row counts as delivered only with both PubAcks.
                     let departed = match (&event, subjects.departed) {
                         (Ok(_), Some(subject)) => {
-                            Some(send(js, timeout, max_payload, row, subject, &format!("{}:{}", row.event_id, subjects::DEPARTED), body).await)
+                            let id = format!("{}:{}", row.event_id, subjects::DEPARTED);
+                            Some(send(js, timeout, max_payload, headers(row, Message::Departed), subject, &id, body).await)
                         }
                         _ => None,
                     };
@@ -335,13 +341,13 @@ async fn acknowledged(sent: Result<jetstream::context::PublishAckFuture, Outcome
     }
 }
 
-/// Sends one message of `row` on `subject` with `Nats-Msg-Id` `msg_id`; Err is the row's outcome
-/// when it was not sent.
+/// Sends one message with `headers` on `subject` with `Nats-Msg-Id` `msg_id`; Err is the row's
+/// outcome when it was not sent.
 async fn send(
     js: &jetstream::Context,
     timeout: Duration,
     max_payload: usize,
-    row: &Row,
+    headers: HeaderMap,
     subject: String,
     msg_id: &str,
     body: &[u8],
@@ -354,7 +360,7 @@ async fn send(
     }
     let message = jetstream::message::PublishMessage::build()
         .payload(body.to_vec().into())
-        .headers(headers(row))
+        .headers(headers)
         .message_id(msg_id);
     match tokio::time::timeout(timeout, js.send_publish(subject, message)).await {
         Ok(Ok(ack)) => Ok(ack),
@@ -364,12 +370,17 @@ async fn send(
     }
 }
 
-fn headers(row: &Row) -> HeaderMap {
+/// This project's headers of one message of `row`, then the trace context and, under the
+/// cloudevents envelope, the CloudEvents attributes (src/cloudevents.rs).
+fn headers(envelope: Envelope, database: &str, prefix: &str, row: &Row, message: Message) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert("Feature-Id", row.key().as_str());
     h.insert("Feature-Version", row.feature_version.to_string().as_str());
     if let Some(prev) = &row.previous_routing_key {
         h.insert("Previous-Routing-Key", prev.as_str());
+    }
+    for (name, value) in cloudevents::headers(envelope, Binding::Nats, database, prefix, row, message) {
+        h.insert(name, value.as_str());
     }
     h
 }
