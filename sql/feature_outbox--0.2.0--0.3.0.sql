@@ -9,11 +9,16 @@
 ALTER TABLE outbox ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid, ADD COLUMN feature_key text;
 ALTER TABLE feature_state ADD COLUMN geometry_digest uuid, ADD COLUMN properties_digest uuid,
                           ADD COLUMN version integer, ADD COLUMN last_event text, ADD COLUMN feature_key text;
--- The writer's W3C trace context, recorded by every edit through the columns' defaults.
-ALTER TABLE outbox
-    ADD COLUMN traceparent text DEFAULT nullif(pg_catalog.current_setting('feature_outbox.traceparent', true), ''),
-    ADD COLUMN tracestate text DEFAULT CASE WHEN pg_catalog.current_setting('feature_outbox.traceparent', true) <> ''
-                                            THEN nullif(pg_catalog.current_setting('feature_outbox.tracestate', true), '') END;
+-- The writer's W3C trace context, recorded by every edit through the columns' defaults (sql/trace.sql).
+CREATE  FUNCTION "_traceparent"() RETURNS TEXT /* core::option::Option<alloc::string::String> */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_traceparent_wrapper';
+CREATE  FUNCTION "_tracestate"() RETURNS TEXT /* core::option::Option<alloc::string::String> */
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_tracestate_wrapper';
+ALTER TABLE outbox ADD COLUMN traceparent text DEFAULT _traceparent(), ADD COLUMN tracestate text DEFAULT _tracestate();
 -- uuid and text keys (feature_key): their numbers.
 CREATE SEQUENCE feature_key_seq;
 CREATE TABLE feature_keys (

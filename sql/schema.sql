@@ -45,10 +45,9 @@ CREATE TABLE outbox (
     -- integer keys, which feature_id is.
     feature_key          text,
     -- The writer's W3C trace context (0.3.0): feature_outbox.traceparent and .tracestate in effect at
-    -- write time, sent with the event. NULL without one; a tracestate only goes with a traceparent.
-    traceparent          text        DEFAULT nullif(pg_catalog.current_setting('feature_outbox.traceparent', true), ''),
-    tracestate           text        DEFAULT CASE WHEN pg_catalog.current_setting('feature_outbox.traceparent', true) <> ''
-                                                  THEN nullif(pg_catalog.current_setting('feature_outbox.tracestate', true), '') END
+    -- write time, sent with the event; their defaults (sql/trace.sql) read them. NULL without one.
+    traceparent          text,
+    tracestate           text
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';

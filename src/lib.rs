@@ -52,6 +52,7 @@ extension_sql_file!(
         edit::layers::_as_caller_row
     ]
 );
+extension_sql_file!("../sql/trace.sql", name = "trace", requires = ["schema", trace_context::_traceparent, trace_context::_tracestate]);
 extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
 extension_sql_file!(
     "../sql/monitoring.sql",
