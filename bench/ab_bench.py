@@ -130,18 +130,22 @@ def main() -> None:
     tps = {(b, s, r): [] for b in builds for s, _ in sets for r in rows}
     clusters = {}
     ins = {}
+    # BENCH_AB_PARTS: edit, relay or both (the default).
+    parts = os.environ.get("BENCH_AB_PARTS", "edit,relay").split(",")
+    labels = {b: b for b in builds}
     try:
-        for b, bin in builds.items():
+        for b, bin in (builds.items() if "edit" in parts else []):
             clusters[b] = edit_cluster(b.replace(" ", "-").replace(".", ""), bin)
-        labels = {b: f"{b} ({version(clusters[b][0], edit_bench.DB)})" for b in builds}
-        for _ in range(ROUNDS):
+        if clusters:
+            labels = {b: f"{b} ({version(clusters[b][0], edit_bench.DB)})" for b in builds}
+        for _ in range(ROUNDS if clusters else 0):
             for label, base in sets:
                 for r in rows:
                     name, sql = edit_bench.ROWS[r]
                     for b in builds:
                         c, n = clusters[b]
                         tps[(b, label, r)].append(edit_bench.pgbench(c, edit_bench.PICK.format(n=n, base=base) + sql + "\n"))
-        if os.environ.get("BENCH_AB_INSTRUCTIONS", "1") != "0" and shutil.which("valgrind"):
+        if clusters and os.environ.get("BENCH_AB_INSTRUCTIONS", "1") != "0" and shutil.which("valgrind"):
             for b, (c, n) in clusters.items():
                 c.stop()
                 for label, base in sets:
@@ -151,6 +155,13 @@ def main() -> None:
         for c, _ in clusters.values():
             c.stop()
     print(f"## A/B: this build against {OTHER}, side by side (median of {ROUNDS}, min - max)\n")
+    if clusters:
+        edit_tables(labels, sets, tps, ins)
+    if "relay" in parts:
+        relay_ab(builds, labels)
+
+
+def edit_tables(labels, sets, tps, ins) -> None:
     print(f"Edit path: pgbench, {edit_bench.CLIENTS} clients, {edit_bench.SECONDS} s a run, `moved`, TPS and ratio to the floor "
           f"(bare UPDATE + outbox INSERT + ST_IsValid + ST_PointOnSurface) on the same cluster.\n")
     edit_table(labels, sets, lambda b, label, r: statistics.median(tps[(b, label, r)]),
@@ -161,6 +172,9 @@ def main() -> None:
         # Fewer instructions is faster: the rate is their inverse.
         edit_table(labels, sets, lambda b, label, r: 1 / ins[(b, label, r)], lambda b, label, r: f"{ins[(b, label, r)]:,.0f}")
 
+
+def relay_ab(builds, labels) -> None:
+    """One worker of each build drains the same backlog into nats-server and into the discard floor."""
     server = NatsServer(RUN_DIR / "ab-nats")
     server.start()
     rates = {(b, k): [] for b in builds for k in ("nats", "floor")}

@@ -26,8 +26,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
-from drills import (DB, HEADER, LAYER, CoreSubscriber, Editors, Nats, Row, drain, kill_tree,  # noqa: E402
-                    nats_binary, nats_cluster, parked, read_stream, start_cluster,
+from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, CoreSubscriber, Editors, Nats, Row, drain,  # noqa: E402
+                    kill_tree, nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
 
@@ -67,7 +67,7 @@ def running(c: Cluster, n: int) -> bool:
 # ---- 1. a relay worker terminated mid-batch -----------------------------------------------------------------
 
 def worker_kill(short: bool, nats_version: str = "debian") -> Row:
-    with nats_and_cluster("kill", nats_version, "feature_outbox.relay_workers = 2") as (server, c):
+    with nats_and_cluster("kill", nats_version, "feature_outbox.relay_workers = 2", PIPELINED) as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         times = 4 if short else 10
         for i in range(times):
@@ -82,13 +82,15 @@ def worker_kill(short: bool, nats_version: str = "debian") -> Row:
         recovered = time.time()
         wait_for(lambda: running(c, 2), 30, "the workers to come back")
         ledger, drain_s = settle(c, editors, recovered, 1)
-        return tally(f"1. worker killed x{times} (pg_terminate_backend, kill -9)", ledger, read_stream([server.url]), drain_s)
+        row = tally(f"1. worker killed x{times} (pg_terminate_backend, kill -9)", ledger, read_stream([server.url]), drain_s)
+        row.checks = {"the catch-up ran pipelined": PIPELINED_LOG in c.log()}
+        return row
 
 
 # ---- 2. a postmaster crash mid-batch ------------------------------------------------------------------------
 
 def postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
-    with nats_and_cluster("crash", nats_version, "fsync = on", "synchronous_commit = on") as (server, c):
+    with nats_and_cluster("crash", nats_version, "fsync = on", "synchronous_commit = on", PIPELINED) as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2 if short else 5)
         pg_ctl(c, "-m", "immediate", "stop")
@@ -96,7 +98,9 @@ def postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
         pg_ctl(c, "-l", c.dir / "server.log", "-w", "start")
         recovered = time.time()
         ledger, drain_s = settle(c, editors, recovered, 2 if short else 5)
-        return tally("2. postmaster crash (-m immediate), fsync on", ledger, read_stream([server.url]), drain_s)
+        row = tally("2. postmaster crash (-m immediate), fsync on", ledger, read_stream([server.url]), drain_s)
+        row.checks = {"the catch-up ran pipelined": PIPELINED_LOG in c.log()}
+        return row
 
 
 def pg_ctl(c: Cluster, *args) -> None:
@@ -118,7 +122,7 @@ async def stream_leader(urls: list[str]) -> str:
 def jetstream_cluster(short: bool, nats_version: str = "debian") -> Row:
     nodes = nats_cluster(RUN_DIR / "drills" / "nats_jsc", nats_binary(nats_version))
     urls = [n.url for n in nodes]
-    c = start_cluster("jsc", "feature_outbox.relay_workers = 2", "feature_outbox.nats_replicas = 3",
+    c = start_cluster("jsc", "feature_outbox.relay_workers = 2", "feature_outbox.nats_replicas = 3", PIPELINED,
                       endpoint=",".join(urls))
     note = []
     try:
@@ -156,7 +160,8 @@ def jetstream_cluster(short: bool, nats_version: str = "debian") -> Row:
         drain_s = drain(c, recovered, timeout=180)
         row = tally("3. JetStream R3: leader killed, then quorum lost", ledger, read_stream(urls), drain_s,
                     note=", ".join(note))
-        row.checks = {"workers back off without quorum": backing_off, "nothing parked without quorum": parked_during == 0}
+        row.checks = {"workers back off without quorum": backing_off, "nothing parked without quorum": parked_during == 0,
+                      "the catch-up ran pipelined": PIPELINED_LOG in c.log()}
         if row.lost:
             # The cluster acknowledged messages it no longer has (seen on 2.9.10, once in ten
             # runs). The outbox still holds them: replay from the first kill and count again.

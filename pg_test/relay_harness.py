@@ -188,13 +188,17 @@ def get_object(server, bucket: str, name: str) -> bytes:
 
 
 class Receiver:
-    """Records every POST; `respond(request) -> (status, headers)` decides each answer (default 200)."""
+    """Records every POST; `respond(request) -> (status, headers)` decides each answer (default 200),
+    under the receiver's lock. Each answer waits `delay` seconds, outside the lock (a receiver's own
+    work); `max_in_flight` is the most requests it held at once."""
 
     def __init__(self, tls=None):
         self.requests: list[dict] = []
         self.scheme = "https" if tls else "http"
         self.lock = threading.Lock()
         self.respond = lambda request: (200, {})
+        self.delay = 0.0
+        self.in_flight = self.max_in_flight = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -208,11 +212,17 @@ class Receiver:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                request = {"at": time.monotonic(), "path": self.path, "body": body,
+                request = {"at": time.monotonic(), "path": self.path, "body": body, "peer": self.client_address[1],
                            "headers": {k.lower(): v for k, v in self.headers.items()}}
                 with receiver.lock:
                     receiver.requests.append(request)
                     status, headers = receiver.respond(request)
+                    receiver.in_flight += 1
+                    receiver.max_in_flight = max(receiver.max_in_flight, receiver.in_flight)
+                if receiver.delay:
+                    time.sleep(receiver.delay)
+                with receiver.lock:
+                    receiver.in_flight -= 1
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)

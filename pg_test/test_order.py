@@ -30,7 +30,8 @@ def relay(receiver):
     c.start(f"feature_outbox.database = '{DB}'", "feature_outbox.relay_workers = 4",
             "feature_outbox.poll_interval = '60s'", "feature_outbox.batch_size = 50",
             "feature_outbox.retry_backoff_min = '50ms'", "feature_outbox.retry_backoff_max = '200ms'",
-            "feature_outbox.max_attempts = 4", f"feature_outbox.endpoint = '{receiver.url}'")
+            "feature_outbox.max_attempts = 4", "feature_outbox.http_concurrency = 8",
+            f"feature_outbox.endpoint = '{receiver.url}'")
     c.create_db(DB)
     with c.connect(DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")

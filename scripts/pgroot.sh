@@ -57,7 +57,7 @@ suite_for() {
 # No libssl-dev: the crate links no OpenSSL (the runtime libssl that cargo-pgrx needs comes with libpq).
 PACKAGES=(postgresql-@N@ postgresql-server-dev-@N@ postgresql-@N@-postgis-3
           clang libclang-dev pkg-config gcc libc6-dev make git ca-certificates sudo nats-server
-          python3 python3-venv dpkg-dev curl procps)
+          python3 python3-venv dpkg-dev curl procps nginx)
 
 packages_for() { local p; for p in "${PACKAGES[@]}"; do echo "${p//@N@/$1}"; done; }
 

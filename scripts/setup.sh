@@ -9,7 +9,7 @@ PGRX_VERSION=0.18.1
 PG=${FEATURE_OUTBOX_PG:-15}
 PG_CONFIG=/usr/lib/postgresql/$PG/bin/pg_config
 PKGS=(postgresql-$PG postgresql-server-dev-$PG postgresql-$PG-postgis-3 nats-server
-      clang libclang-dev pkg-config sudo binutils)
+      clang libclang-dev pkg-config sudo binutils nginx)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
@@ -38,7 +38,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   # Debian's postgresql-common would create and start an N/main cluster; we never use it.
   $SUDO mkdir -p /etc/postgresql-common/createcluster.d
   echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.d/no-main.conf >/dev/null
+  # nginx (make bench's webhook receiver) runs on its own port when the bench starts it; keep the
+  # package's service from starting on port 80 at install.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    policy=/usr/sbin/policy-rc.d
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  [ -z "$policy" ] || $SUDO rm -f "$policy"
 fi
 
 if ! command -v cargo-pgrx >/dev/null 2>&1 || ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION"; then

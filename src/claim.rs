@@ -6,7 +6,7 @@
 //! release_layer() (sql/layers.sql), and the claim skips them. Any other read error fails the
 //! layer's rows row-level, so they retry and park with the reason as last_error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -45,6 +45,10 @@ SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.
  LIMIT $1
    FOR UPDATE OF o SKIP LOCKED";
 
+/// The claim's planner settings, for its transaction only (see `claim`).
+const PLANNER_SQL: &str =
+    "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)";
+
 // Each layer's read statement, built from its registry row: the key as text (the claimed keys, a
 // text[], are cast to the id column's type, bigint for integer keys), the current version, the geometry in
 // EPSG:4326 as WKB, and the registered properties as one JSON object (to_jsonb of each column;
@@ -78,28 +82,34 @@ fn text(e: impl std::fmt::Display) -> String {
 }
 
 /// Claims up to `limit` rows of worker `index`'s features (of `workers`) from the low-water mark up,
-/// and fills in each one's current feature row.
-pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usize) -> Result<Vec<Row>, String> {
+/// leaving out the ids in `held` (rows this transaction claimed already: SKIP LOCKED does not skip
+/// a transaction's own locks, so the scan returns them again), and fills in each one's current
+/// feature row. From the mark, not from above `held`: a row below them that became claimable since
+/// (a late commit, a retry come due) is taken in its feature's order.
+pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usize, held: &HashSet<i64>) -> Result<Vec<Row>, String> {
     // A freshly loaded backlog has no statistics yet: the planner then picks a bitmap scan and sorts
     // every unpublished row (17 ms per batch at 50k rows, measured) instead of reading the first n
     // from the partial index (1 ms). The walk in id order is always right here; pin it for this
     // transaction only. And no JIT: the seq scan of the (tiny) registry for held layers carries the
     // disabled-seqscan cost, which lifts the plan over jit_above_cost, and compiling it cost 300 ms
     // a batch (bench/ab_bench.py: 1,500 events/s against 0.2.0's 20,000 before this).
-    client
-        .update(
-            "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), \
-             set_config('jit', 'off', true)",
-            None,
-            &[],
-        )
-        .map_err(text)?;
+    // Every statement of the relay's loop is a kept plan: parsing and planning them anew took half
+    // of an idle worker's CPU at 1,000 edits/s (perf, issue 24).
+    let settings = prepared(client, PLANNER_SQL, &[], true);
+    client.update(&*settings, None, &[]).map_err(text)?;
     // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
     let low_water = crate::relay_state::low_water();
-    let args = [limit.into(), low_water.into(), (workers as i32).into(), (index as i32).into()];
-    let table = client.update(CLAIM_SQL, None, &args).map_err(text)?;
+    let args = [(limit + held.len() as i64).into(), low_water.into(), (workers as i32).into(), (index as i32).into()];
+    let plan = prepared(client, CLAIM_SQL, &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT4OID], true);
+    let table = client.update(&*plan, None, &args).map_err(text)?;
     let mut rows = Vec::with_capacity(table.len());
     for r in table {
+        if rows.len() as i64 >= limit {
+            break;
+        }
+        if r.get::<i64>(1).map_err(text)?.is_some_and(|id| held.contains(&id)) {
+            continue;
+        }
         let get_s = |i| r.get::<String>(i).map_err(text);
         rows.push(Row {
             id: r.get::<i64>(1).map_err(text)?.unwrap_or_default(),
@@ -160,7 +170,8 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
     let mut names: Vec<String> = rows.iter().map(|r| r.layer.clone()).collect();
     names.sort();
     names.dedup();
-    let registry = client.select(LAYERS_SQL, None, &[names.clone().into()]).map_err(text)?;
+    let plan = prepared(client, LAYERS_SQL, &[pg_sys::TEXTARRAYOID], false);
+    let registry = client.select(&*plan, None, &[names.clone().into()]).map_err(text)?;
     // layer -> (since_id, table owner, read statement), or why it cannot be read and whether that holds it
     let mut reads: HashMap<String, Result<(i64, pg_sys::Oid, String), (String, bool)>> = HashMap::new();
     for r in registry {

@@ -44,43 +44,69 @@ pub fn source(database: &str, layer: &str) -> String {
     format!("/{}/{}", utf8_percent_encode(database, PATH_SEGMENT), utf8_percent_encode(layer, PATH_SEGMENT))
 }
 
-/// The headers of one message of `row`, in order. `database` is the database the worker serves;
-/// `prefix` is feature_outbox.nats_subject_prefix, which `type` starts with on both sinks.
-pub fn headers(envelope: Envelope, binding: Binding, database: &str, prefix: &str, row: &Row, message: Message) -> Vec<(&'static str, String)> {
-    let mut h = Vec::new();
-    // W3C Trace Context headers (section 3), for any consumer's propagator.
-    if let Some(tp) = &row.traceparent {
-        h.push(("traceparent", tp.clone()));
-        if let Some(ts) = &row.tracestate {
-            h.push(("tracestate", ts.clone()));
-        }
-    }
-    if envelope == Envelope::Native {
-        return h;
-    }
+/// The CloudEvents attributes of one message of `row`, unencoded, `datacontenttype` included:
+/// `database` is the database the worker serves, `prefix` feature_outbox.nats_subject_prefix, which
+/// `type` starts with on both sinks.
+pub fn attributes(database: &str, prefix: &str, row: &Row, message: Message) -> Vec<(&'static str, String)> {
     let (id, event_type) = match message {
         Message::Event => (row.event_id.clone(), row.event_type.as_str()),
         Message::Departed => (format!("{}:{}", row.event_id, crate::subjects::DEPARTED), crate::subjects::DEPARTED),
     };
-    let mut attribute = |name: &'static str, value: &str| h.push((name, utf8_percent_encode(value, HEADER_VALUE).to_string()));
-    attribute("ce-specversion", "1.0");
-    attribute("ce-id", &id);
-    attribute("ce-source", &source(database, &row.layer));
-    attribute("ce-type", &format!("{prefix}.{event_type}"));
-    attribute("ce-subject", &row.key());
-    attribute("ce-time", &row.occurred_at);
-    attribute("ce-dataschema", &dataschema());
-    if binding == Binding::Nats {
-        attribute("ce-datacontenttype", "application/json");
-    }
-    // The Distributed Tracing extension: the same values as CloudEvents attributes.
+    let mut a = vec![
+        ("specversion", "1.0".to_string()),
+        ("id", id),
+        ("source", source(database, &row.layer)),
+        ("type", format!("{prefix}.{event_type}")),
+        ("subject", row.key()),
+        ("time", row.occurred_at.clone()),
+        ("datacontenttype", "application/json".to_string()),
+        ("dataschema", dataschema()),
+    ];
+    // The Distributed Tracing extension: the writer's W3C values as CloudEvents attributes.
+    a.extend(trace(row));
+    a
+}
+
+/// The writer's W3C trace context of `row`: traceparent, and tracestate beside it.
+fn trace(row: &Row) -> Vec<(&'static str, String)> {
+    let mut t = Vec::new();
     if let Some(tp) = &row.traceparent {
-        attribute("ce-traceparent", tp);
+        t.push(("traceparent", tp.clone()));
         if let Some(ts) = &row.tracestate {
-            attribute("ce-tracestate", ts);
+            t.push(("tracestate", ts.clone()));
+        }
+    }
+    t
+}
+
+/// The headers of one message of `row`, in order: the W3C `traceparent` and `tracestate` (Trace
+/// Context, section 3) under every envelope, then under `cloudevents` each attribute as a `ce-`
+/// header, percent-encoded; on HTTP `datacontenttype` is the Content-Type the sink sets itself.
+pub fn headers(envelope: Envelope, binding: Binding, database: &str, prefix: &str, row: &Row, message: Message) -> Vec<(String, String)> {
+    let mut h: Vec<(String, String)> = trace(row).into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+    if envelope == Envelope::CloudEvents {
+        for (name, value) in attributes(database, prefix, row, message) {
+            if name == "datacontenttype" && binding == Binding::Http {
+                continue;
+            }
+            h.push((format!("ce-{name}"), utf8_percent_encode(&value, HEADER_VALUE).to_string()));
         }
     }
     h
+}
+
+/// One event in the structured JSON format (CloudEvents JSON event format, section 3): the
+/// attributes as members, the event body as `data`. A batch of them is a JSON array.
+pub fn structured(database: &str, prefix: &str, row: &Row, body: &[u8]) -> Result<Vec<u8>, String> {
+    #[derive(serde::Serialize)]
+    struct Structured<'a> {
+        #[serde(flatten)]
+        attributes: std::collections::BTreeMap<&'static str, String>,
+        data: &'a serde_json::value::RawValue,
+    }
+    let data: &serde_json::value::RawValue = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&Structured { attributes: attributes(database, prefix, row, Message::Event).into_iter().collect(), data })
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -88,8 +114,8 @@ mod tests {
     use super::*;
     use crate::event::tests::row;
 
-    fn get<'a>(h: &'a [(&str, String)], name: &str) -> Option<&'a str> {
-        h.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    fn get<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        h.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 
     #[test]
@@ -99,7 +125,7 @@ mod tests {
         r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
         r.tracestate = Some("congo=t61rcWkgMzE".into());
         let h = headers(Envelope::Native, Binding::Nats, "db", "features", &r, Message::Event);
-        assert_eq!(h, vec![("traceparent", r.traceparent.clone().unwrap()), ("tracestate", r.tracestate.clone().unwrap())]);
+        assert_eq!(h, vec![("traceparent".into(), r.traceparent.clone().unwrap()), ("tracestate".into(), r.tracestate.clone().unwrap())]);
     }
 
     #[test]
@@ -130,6 +156,21 @@ mod tests {
         let mut r = row();
         r.tracestate = Some("congo=t61rcWkgMzE".into());
         assert!(headers(Envelope::CloudEvents, Binding::Http, "db", "features", &r, Message::Event).iter().all(|(n, _)| !n.contains("trace")));
+    }
+
+    #[test]
+    fn structured_events_carry_the_attributes_unencoded_and_the_body_as_data() {
+        let mut r = row();
+        r.feature_key = Some("Gate 7".into());
+        r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+        let body = crate::event::to_json(&r, "t").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&structured("db", "features", &r, &body).unwrap()).unwrap();
+        assert_eq!(v["subject"], "Gate 7");
+        assert_eq!(v["type"], "features.moved");
+        assert_eq!(v["datacontenttype"], "application/json");
+        assert_eq!(v["traceparent"], r.traceparent.clone().unwrap());
+        assert_eq!(v["data"], serde_json::from_slice::<serde_json::Value>(&body).unwrap());
+        assert_eq!(v.as_object().unwrap().len(), 10);
     }
 
     #[test]

@@ -12,10 +12,12 @@ use pgrx::spi::SpiClient;
 
 use crate::backoff;
 use crate::low_water::LowWater;
+use crate::plans::prepared;
 use crate::claim::claim;
 use crate::event::{self, Row};
 use crate::relay_state::{MAX_WORKERS, RELAY, WorkerState, now};
 use crate::settings;
+use crate::subxact;
 use crate::sinks::{Outcome, Sink, SinkConfig};
 
 /// The release whose SQL this library runs; the relay waits until the schema is at it.
@@ -222,6 +224,10 @@ struct Relay {
     limits_logged: Option<String>,
     /// Worker 0 keeps the claim's low-water mark.
     low_water: LowWater,
+    /// The next batch, claimed, read and encoded while the last one's PubAcks came back.
+    prefetched: Option<Built>,
+    /// Whether this worker logged that it pipelines (once per process).
+    pipelined_logged: bool,
     /// The newest publish time (epoch seconds) retention has deleted, since this worker started.
     retention_floor: Option<f64>,
 }
@@ -238,6 +244,8 @@ impl Relay {
             last_retention: None,
             limits_logged: None,
             low_water: LowWater::default(),
+            prefetched: None,
+            pipelined_logged: false,
             retention_floor: None,
         }
     }
@@ -337,7 +345,7 @@ impl Relay {
         self.set_state(WorkerState::Idle);
         // Wake up for the earliest per-row retry if that comes before the poll interval.
         let due = in_transaction(|| {
-            Spi::get_one::<f64>(
+            kept_one::<f64>(
                 "SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8 FROM feature_outbox.outbox
                   WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL
                     AND id >= feature_outbox._relay_low_water()",
@@ -363,8 +371,7 @@ impl Relay {
     fn schema_ready(&mut self) -> Result<(), Drain> {
         let installed = in_transaction(|| {
             // One row always: get_one fails on none.
-            Spi::get_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')")
-                .map_err(|e| e.to_string())
+            kept_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')")
         })
         .and_then(|r| r);
         // The reason is also recorded as the last error, where the backlog view shows it, unless the
@@ -398,6 +405,7 @@ impl Relay {
 
     fn sink_down(&mut self, error: &str, retry_after: Option<Duration>) -> Drain {
         self.sink = None; // reconnect from scratch next time
+        self.prefetched = None;
         self.sink_failures += 1;
         self.record_error(error);
         if !self.sink_down_logged {
@@ -434,6 +442,8 @@ impl Relay {
             http_max_body: settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024,
             envelope: settings::ENVELOPE.get(),
             database: WORKER_DATABASE.get().cloned().unwrap_or_default(),
+            http_concurrency: settings::HTTP_CONCURRENCY.get().max(1) as usize,
+            http_batch: settings::HTTP_BATCH.get().max(1) as usize,
         }
     }
 
@@ -462,6 +472,8 @@ impl Relay {
     fn batch(&mut self) -> Result<BatchEnd, String> {
         // Connect outside the transaction, so a slow connect never holds row locks.
         if let Err(e) = self.sink() {
+            // A batch claimed ahead waits for no backoff: the claim after it reads it afresh.
+            self.prefetched = None;
             // No row was tried: count the connect attempt (a failed batch counts its rows instead).
             update_slot(self.index, |s| s.failed_attempts += 1);
             self.connect_failed = true;
@@ -474,27 +486,66 @@ impl Relay {
         }
         let limit = settings::BATCH_SIZE.get() as i64;
         let index = self.index;
+        let prefetched = self.prefetched.take();
         let sink = &mut self.sink.as_mut().expect("connected above").1;
-        let result = in_transaction(|| {
-            Spi::connect_mut(|client| -> Result<Published, String> {
+        let (result, next) = in_transaction(|| {
+            Spi::connect_mut(|client| -> Result<(Published, Option<Built>), String> {
                 let workers = settings::RELAY_WORKERS.get().clamp(1, MAX_WORKERS as i32) as usize;
-                let rows = claim(client, limit, index, workers)?;
-                if rows.is_empty() {
-                    return Ok(Published::default());
-                }
+                let batch = match prefetched {
+                    Some(p) => p.relock(client)?,
+                    None => Built::default(),
+                };
+                let batch = if batch.rows.is_empty() {
+                    let rows = claim(client, limit, index, workers, &HashSet::new())?;
+                    if rows.is_empty() {
+                        return Ok((Published::default(), None));
+                    }
+                    Built::new(rows, relayed_at(client)?)
+                } else {
+                    batch
+                };
                 update_slot(index, |s| s.state = WorkerState::Publishing);
-                let relayed_at = relayed_at(client)?;
-                let outcomes = publish(sink, &rows, &relayed_at);
+                // JetStream: claim, read and encode the next batch while this one's PubAcks come
+                // back. It is claimed above this batch's last id (SKIP LOCKED does not skip this
+                // transaction's own locks), and sent by the next transaction, after this one marked,
+                // so a feature's events stay in order.
+                let mut next: Result<Option<Built>, String> = Ok(None);
+                let full = batch.rows.len() as i64 >= limit;
+                let outcomes = publish(sink, &batch.rows, &batch.events, &batch.relayed_at, || {
+                    if full {
+                        // In a subtransaction: a failed claim ahead must not cost this batch its mark.
+                        let held: HashSet<i64> = batch.rows.iter().map(|r| r.id).collect();
+                        next = subxact::run(|| {
+                            claim(client, limit, index, workers, &held)
+                                .and_then(|rows| if rows.is_empty() { Ok(None) } else { Ok(Some(Built::new(rows, relayed_at(client)?))) })
+                        })
+                        .unwrap_or_else(|f| Err(f.message));
+                    }
+                });
+                let next = next.unwrap_or_else(|e| {
+                    warning!("feature_outbox relay {index}: claiming the next batch ahead failed, claiming it after this one: {e}");
+                    None
+                });
                 crash_if_requested(&outcomes);
-                mark(client, &rows, &outcomes)
+                let published = mark(client, &batch.rows, &outcomes)?;
+                // After a sink failure nothing goes on; a feature whose event here was not delivered
+                // keeps its next rows back (they are claimed again, in order, later).
+                let next = if published.sink_error.is_some() { None } else { next.map(|n| n.after(&batch.rows, &outcomes)) };
+                Ok((published, next))
             })
         })
         .and_then(|r| r)?;
+        if next.is_some() && !self.pipelined_logged {
+            log!("feature_outbox relay {index}: a backlog: claiming each next batch while the last one's PubAcks come back");
+            self.pipelined_logged = true;
+        }
+        self.prefetched = next;
+        let result = Published { prefetched: self.prefetched.as_ref().map_or(0, |p| p.rows.len()), ..result };
         unsafe { pg_sys::pgstat_report_stat(false) };
         self.account(&result);
         Ok(match result.sink_error {
             Some((error, retry_after)) => BatchEnd::SinkDown(error, retry_after),
-            None if result.claimed as i64 >= limit || result.not_tried > 0 => BatchEnd::More,
+            None if result.claimed as i64 >= limit || result.not_tried > 0 || result.prefetched > 0 => BatchEnd::More,
             None => BatchEnd::Drained,
         })
     }
@@ -604,6 +655,8 @@ enum BatchEnd {
 #[derive(Default)]
 struct Published {
     claimed: usize,
+    /// Rows claimed ahead for the next transaction.
+    prefetched: usize,
     not_tried: usize,
     delivered_by_type: [i64; 5],
     duplicates: i64,
@@ -644,20 +697,107 @@ fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     .execute()
 }
 
+/// The one value of a read-only statement without parameters, through its kept plan.
+fn kept_one<T: FromDatum + IntoDatum>(sql: &str) -> Result<Option<T>, String> {
+    Spi::connect(|client| {
+        let plan = prepared(client, sql, &[], false);
+        client.select(&*plan, None, &[]).and_then(|t| t.first().get_one::<T>()).map_err(|e| e.to_string())
+    })
+}
+
 fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, String> {
+    let plan = prepared(client, "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')", &[], false);
     client
-        .select("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')", None, &[])
+        .select(&*plan, None, &[])
         .and_then(|t| t.first().get_one::<String>())
         .map_err(|e| e.to_string())
         .map(Option::unwrap_or_default)
 }
 
-/// Builds each row's event and publishes those that could be built, a feature's rows in id order:
-/// round k sends the k-th row of each feature in the batch, and only when its feature's row of round
-/// k - 1 was delivered. A row whose event cannot be built (a geometry GeoJSON cannot carry) fails
-/// alone, row-level, and never blocks other features; its feature's later rows wait (NotTried).
-fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
+/// A claimed batch with each row's event built (or why it could not be), at `relayed_at`.
+#[derive(Default)]
+struct Built {
+    rows: Vec<Row>,
+    events: Vec<Result<Vec<u8>, String>>,
+    relayed_at: String,
+}
+
+impl Built {
+    /// Builds each row's event. A row whose event cannot be built (a geometry GeoJSON cannot carry,
+    /// a layer that cannot be read) fails alone, row-level.
+    fn new(rows: Vec<Row>, relayed_at: String) -> Built {
+        let events = rows
+            .iter()
+            .map(|row| match &row.read_error {
+                Some(e) => Err(e.clone()),
+                None => event::to_json(row, &relayed_at).map_err(|e| format!("cannot build the event: {e}")),
+            })
+            .collect();
+        Built { rows, events, relayed_at }
+    }
+
+    /// This prefetched batch without the rows of features whose event in `rows` was not delivered.
+    fn after(mut self, rows: &[Row], outcomes: &[Outcome]) -> Built {
+        let held: HashSet<(&str, i64)> = rows
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| !matches!(o, Outcome::Delivered { .. }))
+            .map(|(r, _)| (r.layer.as_str(), r.feature_id))
+            .collect();
+        if !held.is_empty() {
+            let keep: Vec<bool> = self.rows.iter().map(|r| !held.contains(&(r.layer.as_str(), r.feature_id))).collect();
+            let mut k = keep.iter();
+            self.rows.retain(|_| *k.next().unwrap_or(&false));
+            let mut k = keep.iter();
+            self.events.retain(|_| *k.next().unwrap_or(&false));
+        }
+        self
+    }
+
+    /// Locks this prefetched batch's rows again, in the transaction that sends it (the one that
+    /// claimed them has committed), keeping those still unpublished and not locked elsewhere.
+    fn relock(mut self, client: &mut SpiClient<'_>) -> Result<Built, String> {
+        let ids: Vec<i64> = self.rows.iter().map(|r| r.id).collect();
+        let plan = prepared(
+            client,
+            "SELECT id FROM feature_outbox.outbox WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED",
+            &[pg_sys::INT8ARRAYOID],
+            true,
+        );
+        let locked: HashSet<i64> = client
+            .update(&*plan, None, &[ids.into()])
+            .map_err(|e| e.to_string())?
+            .filter_map(|r| r.get::<i64>(1).ok().flatten())
+            .collect();
+        // A row no longer to be sent takes its feature's later rows with it (their order).
+        let mut dropped: HashSet<(&str, i64)> = HashSet::new();
+        let keep: Vec<bool> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let feature = (r.layer.as_str(), r.feature_id);
+                let keep = locked.contains(&r.id) && !dropped.contains(&feature);
+                if !keep {
+                    dropped.insert(feature);
+                }
+                keep
+            })
+            .collect();
+        let mut k = keep.iter();
+        self.rows.retain(|_| *k.next().unwrap_or(&false));
+        let mut k = keep.iter();
+        self.events.retain(|_| *k.next().unwrap_or(&false));
+        Ok(self)
+    }
+}
+
+/// Publishes the rows whose events were built, a feature's rows in id order: round k sends the k-th
+/// row of each feature in the batch, and only when its feature's row of round k - 1 was delivered.
+/// A row whose event could not be built fails alone and never blocks other features; its feature's
+/// later rows wait (NotTried). On JetStream, `meanwhile` runs while round 0's PubAcks come back.
+fn publish(sink: &mut Sink, rows: &[Row], events: &[Result<Vec<u8>, String>], relayed_at: &str, meanwhile: impl FnOnce()) -> Vec<Outcome> {
     let round = rounds(rows);
+    let mut meanwhile = Some(meanwhile);
     let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
     let mut blocked: HashSet<(&str, i64)> = HashSet::new();
     for k in 0..=round.iter().copied().max().unwrap_or(0) {
@@ -667,25 +807,30 @@ fn publish(sink: &mut Sink, rows: &[Row], relayed_at: &str) -> Vec<Outcome> {
                 outcomes[i] = Some(Outcome::NotTried);
                 continue;
             }
-            let built = match &row.read_error {
-                Some(e) => Err(e.clone()),
-                None => event::to_json(row, relayed_at).map_err(|e| format!("cannot build the event: {e}")),
-            };
-            match built {
+            match &events[i] {
                 Ok(body) => {
                     send.push(i);
-                    bodies.push(body);
+                    bodies.push(body.as_slice());
                 }
-                Err(error) => outcomes[i] = Some(Outcome::RowFailed(error)),
+                Err(error) => outcomes[i] = Some(Outcome::RowFailed(error.clone())),
             }
         }
         if !send.is_empty() {
             // Usually round 0 is the whole batch: one call, no copies.
-            let sent = if send.len() == rows.len() {
-                sink.publish(rows, &bodies, relayed_at)
+            let subset: Vec<Row>;
+            let sent_rows = if send.len() == rows.len() {
+                rows
             } else {
-                let subset: Vec<Row> = send.iter().map(|&i| rows[i].clone()).collect();
-                sink.publish(&subset, &bodies, relayed_at)
+                subset = send.iter().map(|&i| rows[i].clone()).collect();
+                &subset
+            };
+            let sent = match (&mut *sink, meanwhile.take()) {
+                (Sink::Nats(nats), Some(f)) => {
+                    let pending = nats.begin(sent_rows, &bodies, relayed_at);
+                    f();
+                    nats.finish(pending)
+                }
+                (sink, _) => sink.publish(sent_rows, &bodies, relayed_at),
             };
             for (&i, outcome) in send.iter().zip(sent) {
                 outcomes[i] = Some(outcome);
@@ -764,9 +909,8 @@ fn mark(client: &mut SpiClient<'_>, rows: &[Row], outcomes: &[Outcome]) -> Resul
         }
     }
     if !delivered.is_empty() {
-        client
-            .update("UPDATE feature_outbox.outbox SET published_at = clock_timestamp() WHERE id = ANY($1)", None, &[delivered.into()])
-            .map_err(|e| e.to_string())?;
+        let plan = prepared(client, "UPDATE feature_outbox.outbox SET published_at = clock_timestamp() WHERE id = ANY($1)", &[pg_sys::INT8ARRAYOID], true);
+        client.update(&*plan, None, &[delivered.into()]).map_err(|e| e.to_string())?;
     }
     Ok(p)
 }

@@ -72,6 +72,8 @@ pub static NATS_CREDENTIALS_FILE: GucSetting<Option<CString>> = GucSetting::<Opt
 pub static NATS_NKEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static SUBJECT_RESOLUTIONS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"3,5,7"));
 pub static HTTP_MAX_BODY_KB: GucSetting<i32> = GucSetting::<i32>::new(10 * 1024);
+pub static HTTP_CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(8);
+pub static HTTP_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1);
 
 /// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
 pub fn init() {
@@ -192,6 +194,8 @@ pub fn init() {
     sighup(c"feature_outbox.nats_duplicate_window", c"JetStream duplicate window of the stream the relay creates.", &NATS_DUPLICATE_WINDOW_S, 1, 7 * 86_400, GucFlags::UNIT_S);
     sighup(c"feature_outbox.nats_replicas", c"Replicas of the JetStream stream the relay creates.", &NATS_REPLICAS, 1, 5, GucFlags::default());
     sighup(c"feature_outbox.nats_max_age", c"Max age of messages in the JetStream stream (and object bucket) the relay creates; at least nats_duplicate_window, 0 keeps them forever.", &NATS_MAX_AGE_S, 0, i32::MAX, GucFlags::UNIT_S);
+    sighup(c"feature_outbox.http_concurrency", c"Webhook requests a relay worker keeps in flight, over as many keep-alive connections.", &HTTP_CONCURRENCY, 1, 256, GucFlags::default());
+    sighup(c"feature_outbox.http_batch", c"Events per webhook request; above 1 the body is a JSON array (CloudEvents batch format under the cloudevents envelope).", &HTTP_BATCH, 1, 10_000, GucFlags::default());
     sighup(c"feature_outbox.http_max_body", c"Largest webhook body; a larger event is parked at once.", &HTTP_MAX_BODY_KB, 1, 1024 * 1024, GucFlags::UNIT_KB);
     let string = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
         GucRegistry::define_string_guc(name, short, c"", setting, GucContext::Sighup, GucFlags::default())

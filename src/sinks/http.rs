@@ -1,8 +1,13 @@
-//! HTTP webhook sink (ureq, rustls): one POST per event on a keep-alive connection, with the
-//! Standard Webhooks headers. Only 2xx counts as delivered; redirects are never followed.
+//! HTTP webhook sink (ureq, rustls): POSTs with the Standard Webhooks headers over pooled keep-alive
+//! connections, up to feature_outbox.http_concurrency at once, each carrying one event or, with
+//! feature_outbox.http_batch above 1, a JSON array of up to that many. Only 2xx counts as delivered,
+//! for every event of the request; redirects are never followed.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use sha2::{Digest, Sha256};
 use ureq::Agent;
 use ureq::tls::{RootCerts, TlsConfig};
 
@@ -22,6 +27,14 @@ pub struct HttpSink {
     envelope: Envelope,
     database: String,
     prefix: String,
+    concurrency: usize,
+    batch: usize,
+}
+
+/// One POST: the rows it carries (indices into the publish call's rows) and its body.
+struct Request {
+    rows: Vec<usize>,
+    body: Vec<u8>,
 }
 
 impl HttpSink {
@@ -40,6 +53,7 @@ impl HttpSink {
             }
             tls = tls.root_certs(RootCerts::new_with_certs(&certs));
         }
+        let concurrency = config.http_concurrency.max(1);
         let agent: Agent = Agent::config_builder()
             .timeout_global(Some(config.publish_timeout))
             .max_redirects(0)
@@ -47,55 +61,159 @@ impl HttpSink {
             .http_status_as_error(false)
             .tls_config(tls.build())
             .user_agent("feature_outbox relay")
+            // One kept-alive connection per request in flight (ureq keeps 3 per host by default).
+            .max_idle_connections(concurrency.max(10))
+            .max_idle_connections_per_host(concurrency)
             .build()
             .into();
         let shown_url = crate::settings::redact_urls(config.endpoint.split('?').next().unwrap_or_default());
-        Ok(HttpSink { agent, url: config.endpoint.clone(), shown_url, secret: config.http_secret.clone(), timeout: config.publish_timeout, max_body: config.http_max_body, envelope: config.envelope, database: config.database.clone(), prefix: config.subject_prefix.clone() })
+        Ok(HttpSink {
+            agent,
+            url: config.endpoint.clone(),
+            shown_url,
+            secret: config.http_secret.clone(),
+            timeout: config.publish_timeout,
+            max_body: config.http_max_body,
+            envelope: config.envelope,
+            database: config.database.clone(),
+            prefix: config.subject_prefix.clone(),
+            concurrency,
+            batch: config.http_batch.max(1),
+        })
     }
 
-    /// POSTs the batch in order, stopping at the first sink-level failure. No request starts after
-    /// one publish_timeout has passed, so the claiming transaction stays short even with a slow
-    /// receiver; the rows not tried are claimed again by the next batch.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>]) -> Vec<Outcome> {
+    /// Sends the rows, which belong to distinct features (the relay's rounds see to that), so any
+    /// order is per-feature order. Up to `concurrency` requests are in flight; after a sink-level
+    /// failure, and once one publish_timeout has passed, no further request starts, so the claiming
+    /// transaction stays short even with a slow receiver. The rows not tried are claimed again by
+    /// the next batch.
+    pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]]) -> Vec<Outcome> {
         let deadline = Instant::now() + self.timeout;
-        let mut outcomes = Vec::with_capacity(rows.len());
-        for (row, body) in rows.iter().zip(bodies) {
-            let stop = outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. }));
-            let outcome = if stop || Instant::now() > deadline {
-                Outcome::NotTried
-            } else if body.len() > self.max_body {
-                Outcome::Undeliverable(format!(
-                    "event of {} bytes exceeds feature_outbox.http_max_body ({} bytes)",
-                    body.len(),
-                    self.max_body
-                ))
-            } else {
-                self.post(row, body)
-            };
-            outcomes.push(outcome);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
+        let requests = self.requests(rows, bodies, &mut outcomes);
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let done: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(requests.len()));
+        let work = || {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(request) = requests.get(i) else { break };
+                let outcome = if stop.load(Ordering::Relaxed) || Instant::now() > deadline {
+                    Outcome::NotTried
+                } else {
+                    self.post(rows, request)
+                };
+                if matches!(outcome, Outcome::SinkFailed { .. }) {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                done.lock().unwrap_or_else(|e| e.into_inner()).push((i, outcome));
+            }
+        };
+        // This thread works too; a thread that cannot be started only means fewer in flight.
+        let threads = self.concurrency.min(requests.len());
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new().name("feature_outbox http".into()).spawn_scoped(scope, work);
+            }
+            work();
+        });
+        for (i, outcome) in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            for &row in &requests[i].rows {
+                outcomes[row] = Some(outcome.clone());
+            }
         }
-        outcomes
+        outcomes.into_iter().map(|o| o.unwrap_or(Outcome::NotTried)).collect()
     }
 
-    fn post(&self, row: &Row, body: &[u8]) -> Outcome {
+    /// Groups the rows into requests of up to `batch` events and max_body bytes, in order. A row that
+    /// failed before goes alone, so that a refused batch is retried event by event and only the
+    /// event the receiver refuses is parked. An event over max_body, as it would be sent (in an
+    /// array, as a structured CloudEvent), is Undeliverable.
+    fn requests(&self, rows: &[Row], bodies: &[&[u8]], outcomes: &mut [Option<Outcome>]) -> Vec<Request> {
+        let mut requests = Vec::new();
+        let mut open: Vec<usize> = Vec::new();
+        let mut open_body: Vec<u8> = Vec::new();
+        let flush = |open: &mut Vec<usize>, body: &mut Vec<u8>, requests: &mut Vec<Request>| {
+            if !open.is_empty() {
+                body.push(b']');
+                requests.push(Request { rows: std::mem::take(open), body: std::mem::take(body) });
+            }
+        };
+        for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
+            let member = self.member(row, body);
+            // `[`, `]` around a batch's members.
+            let size = if self.batch > 1 { member.len() + 2 } else { member.len() };
+            if size > self.max_body {
+                outcomes[i] = Some(Outcome::Undeliverable(format!(
+                    "event of {size} bytes exceeds feature_outbox.http_max_body ({} bytes)",
+                    self.max_body
+                )));
+                continue;
+            }
+            if self.batch == 1 {
+                requests.push(Request { rows: vec![i], body: member.into_owned() });
+                continue;
+            }
+            let alone = row.row_failures > 0;
+            if alone || open.len() == self.batch || open_body.len() + 1 + member.len() + 1 > self.max_body {
+                flush(&mut open, &mut open_body, &mut requests);
+            }
+            open_body.push(if open.is_empty() { b'[' } else { b',' });
+            open_body.extend_from_slice(&member);
+            open.push(i);
+            if alone {
+                flush(&mut open, &mut open_body, &mut requests);
+            }
+        }
+        flush(&mut open, &mut open_body, &mut requests);
+        requests
+    }
+
+    /// How one event goes into a request: its body alone, or as a member of a batch (itself under
+    /// native; a structured CloudEvent, the JSON batch format, under cloudevents).
+    fn member<'a>(&self, row: &Row, body: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        match self.envelope {
+            // The event JSON was built by this relay, so it always parses back.
+            Envelope::CloudEvents if self.batch > 1 => {
+                std::borrow::Cow::Owned(cloudevents::structured(&self.database, &self.prefix, row, body).unwrap_or_default())
+            }
+            _ => std::borrow::Cow::Borrowed(body),
+        }
+    }
+
+    fn post(&self, rows: &[Row], request: &Request) -> Outcome {
         let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-        let mut request = self
+        let batched = self.batch > 1;
+        let first = &rows[request.rows[0]];
+        // A batch's id names exactly its events, so a receiver that drops a repeated webhook-id
+        // drops only a true repeat, never a batch of other events.
+        let id = if batched { batch_id(request.rows.iter().map(|&i| rows[i].event_id.as_str())) } else { first.event_id.clone() };
+        let content_type = if batched && self.envelope == Envelope::CloudEvents { "application/cloudevents-batch+json" } else { "application/json" };
+        let mut request_builder = self
             .agent
             .post(&self.url)
-            .header("Content-Type", "application/json")
-            .header("webhook-id", &row.event_id)
-            .header("Idempotency-Key", &row.event_id)
+            .header("Content-Type", content_type)
+            .header("webhook-id", &id)
+            .header("Idempotency-Key", &id)
             .header("webhook-timestamp", timestamp.to_string());
-        for (name, value) in cloudevents::headers(self.envelope, Binding::Http, &self.database, &self.prefix, row, Message::Event) {
-            request = request.header(name, value);
+        if !batched {
+            for (name, value) in cloudevents::headers(self.envelope, Binding::Http, &self.database, &self.prefix, first, Message::Event) {
+                request_builder = request_builder.header(name, value);
+            }
+        } else if self.envelope == Envelope::Native && request.rows.iter().all(|&i| rows[i].traceparent == first.traceparent && rows[i].tracestate == first.tracestate) {
+            // One trace context for the request when its events share it; under cloudevents each
+            // event carries its own as attributes.
+            for (name, value) in cloudevents::headers(Envelope::Native, Binding::Http, &self.database, &self.prefix, first, Message::Event) {
+                request_builder = request_builder.header(name, value);
+            }
         }
         if let Some(secret) = &self.secret {
-            match webhook_signature(secret, &row.event_id, timestamp, body) {
-                Ok(sig) => request = request.header("webhook-signature", sig),
+            match webhook_signature(secret, &id, timestamp, &request.body) {
+                Ok(sig) => request_builder = request_builder.header("webhook-signature", sig),
                 Err(e) => return Outcome::SinkFailed { error: e, retry_after: None },
             }
         }
-        match request.send(body) {
+        match request_builder.send(&request.body[..]) {
             Err(e) => Outcome::SinkFailed { error: format!("POST {}: {e}", self.shown_url), retry_after: None },
             Ok(mut response) => {
                 let status = response.status().as_u16();
@@ -109,6 +227,11 @@ impl HttpSink {
                 // Read the body so the connection can be reused; keep a little of it for last_error.
                 let text = response.body_mut().with_config().limit(64 * 1024).read_to_string().unwrap_or_default();
                 let snippet: String = text.chars().take(200).collect();
+                let of = match request.rows.len() {
+                    _ if !batched => String::new(),
+                    1 => " (a batch of 1 event)".to_string(),
+                    n => format!(" (a batch of {n} events)"),
+                };
                 match status {
                     200..=299 => Outcome::Delivered { duplicate: false },
                     300..=399 => Outcome::SinkFailed {
@@ -118,10 +241,110 @@ impl HttpSink {
                         ),
                         retry_after: None,
                     },
-                    408 | 429 | 500..=599 => Outcome::SinkFailed { error: format!("HTTP {status}: {snippet}"), retry_after },
-                    _ => Outcome::RowFailed(format!("HTTP {status}: {snippet}")),
+                    408 | 429 | 500..=599 => Outcome::SinkFailed { error: format!("HTTP {status}{of}: {snippet}"), retry_after },
+                    _ => Outcome::RowFailed(format!("HTTP {status}{of}: {snippet}")),
                 }
             }
         }
+    }
+}
+
+/// `batch_` and the first 32 hex digits of SHA-256 over the batch's event ids, comma-separated.
+fn batch_id<'a>(ids: impl Iterator<Item = &'a str>) -> String {
+    let mut hash = Sha256::new();
+    for (n, id) in ids.enumerate() {
+        if n > 0 {
+            hash.update(b",");
+        }
+        hash.update(id.as_bytes());
+    }
+    let hex: String = hash.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("batch_{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::tests::row;
+
+    fn sink(batch: usize, max_body: usize) -> HttpSink {
+        let config = SinkConfig {
+            endpoint: "http://127.0.0.1:9/hook".into(),
+            publish_timeout: Duration::from_secs(1),
+            tls_ca_file: None,
+            nats_credentials_file: None,
+            nats_nkey_file: None,
+            http_secret: None,
+            subject_prefix: "features".into(),
+            legacy_subjects: false,
+            subject_resolutions: vec![],
+            stream: "FEATURES".into(),
+            duplicate_window: Duration::from_secs(1),
+            replicas: 1,
+            max_age: Duration::ZERO,
+            object_bucket: "B".into(),
+            http_max_body: max_body,
+            envelope: Envelope::Native,
+            database: "db".into(),
+            http_concurrency: 8,
+            http_batch: batch,
+        };
+        HttpSink::new(&config).unwrap()
+    }
+
+    fn refs(bodies: &[Vec<u8>]) -> Vec<&[u8]> {
+        bodies.iter().map(Vec::as_slice).collect()
+    }
+
+    fn batch_of(n: usize) -> (Vec<Row>, Vec<Vec<u8>>) {
+        let rows: Vec<Row> = (0..n).map(|i| Row { id: i as i64, event_id: format!("e{i}"), feature_id: i as i64, ..row() }).collect();
+        let bodies = rows.iter().map(|r| format!(r#"{{"event_id":"{}"}}"#, r.event_id).into_bytes()).collect();
+        (rows, bodies)
+    }
+
+    #[test]
+    fn requests_hold_up_to_http_batch_events_and_a_row_that_failed_goes_alone() {
+        let (mut rows, bodies) = batch_of(7);
+        rows[3].row_failures = 1;
+        let s = sink(2, 1 << 20);
+        let mut outcomes = vec![None; rows.len()];
+        let requests = s.requests(&rows, &refs(&bodies), &mut outcomes);
+        let groups: Vec<Vec<usize>> = requests.iter().map(|r| r.rows.clone()).collect();
+        assert_eq!(groups, vec![vec![0, 1], vec![2], vec![3], vec![4, 5], vec![6]]);
+        let v: serde_json::Value = serde_json::from_slice(&requests[0].body).unwrap();
+        assert_eq!(v, serde_json::json!([{"event_id": "e0"}, {"event_id": "e1"}]));
+        assert!(outcomes.iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn a_batch_stays_under_http_max_body_and_an_event_over_it_is_undeliverable() {
+        let (rows, mut bodies) = batch_of(4);
+        bodies[2] = vec![b' '; 100];
+        let each = bodies[0].len();
+        // Two events in an array: `[`, one comma, `]`.
+        let s = sink(100, 2 * each + 3);
+        let mut outcomes = vec![None; rows.len()];
+        let requests = s.requests(&rows, &refs(&bodies), &mut outcomes);
+        assert!(matches!(outcomes[2], Some(Outcome::Undeliverable(_))));
+        let groups: Vec<Vec<usize>> = requests.iter().map(|r| r.rows.clone()).collect();
+        assert_eq!(groups, vec![vec![0, 1], vec![3]]);
+        assert!(requests.iter().all(|r| r.body.len() <= 2 * each + 3));
+    }
+
+    #[test]
+    fn unbatched_bodies_are_the_event_itself() {
+        let (rows, bodies) = batch_of(2);
+        let mut outcomes = vec![None; rows.len()];
+        let requests = sink(1, 1 << 20).requests(&rows, &refs(&bodies), &mut outcomes);
+        assert_eq!(requests.iter().map(|r| r.body.clone()).collect::<Vec<_>>(), bodies);
+    }
+
+    #[test]
+    fn a_batch_id_names_its_events() {
+        let a = batch_id(["e1", "e2"].into_iter());
+        assert_eq!(a, batch_id(["e1", "e2"].into_iter()));
+        assert_ne!(a, batch_id(["e1", "e3"].into_iter()));
+        assert_ne!(a, batch_id(["e1,e2"].into_iter().chain(["x"])));
+        assert_eq!(a.len(), "batch_".len() + 32);
     }
 }

@@ -35,6 +35,10 @@ pub struct SinkConfig {
     pub envelope: crate::settings::Envelope,
     /// The database whose outbox the worker relays (CloudEvents `source`).
     pub database: String,
+    /// feature_outbox.http_concurrency: requests in flight per worker.
+    pub http_concurrency: usize,
+    /// feature_outbox.http_batch: events per request.
+    pub http_batch: usize,
 }
 
 /// What happened to one row of a batch.
@@ -86,7 +90,7 @@ impl Sink {
 
     /// Publishes one claimed batch; `bodies[i]` is the event JSON of `rows[i]`, relayed at
     /// `relayed_at` (for an event rebuilt with its geometry by reference). One outcome per row.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>], relayed_at: &str) -> Vec<Outcome> {
+    pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Vec<Outcome> {
         match self {
             Sink::Nats(s) => s.publish(rows, bodies, relayed_at),
             Sink::Http(s) => s.publish(rows, bodies),

@@ -160,7 +160,15 @@ impl NatsSink {
     /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
     /// awaited together. Every await is bounded by publish_timeout, so a stalled server costs one
     /// timeout, never a stuck transaction. After a sink-level failure the rest is not tried.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[Vec<u8>], relayed_at: &str) -> Vec<Outcome> {
+    pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Vec<Outcome> {
+        let pending = self.begin(rows, bodies, relayed_at);
+        self.finish(pending)
+    }
+
+    /// Sends the batch and returns with the last chunk's PubAcks still to come (`finish` awaits
+    /// them), so that the worker can claim and encode its next batch meanwhile. Earlier chunks, in
+    /// a batch over IN_FLIGHT, are acknowledged before the next is sent.
+    pub fn begin(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Pending {
         let max_payload = self.client.server_info().max_payload;
         // An event over max_payload carries its geometry by reference: the geometry goes into the
         // object bucket first, and the event follows only once the object is stored.
@@ -179,27 +187,30 @@ impl NatsSink {
         let (prefix, legacy, resolutions) = (self.prefix.as_str(), self.legacy_subjects, self.resolutions.as_slice());
         let headers = |row: &Row, message: Message| headers(self.envelope, &self.database, prefix, row, message);
         self.runtime.block_on(async {
-            let mut outcomes = Vec::with_capacity(rows.len());
+            let mut done = Vec::with_capacity(rows.len());
+            let mut in_flight = Vec::new();
             for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
-                if outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. })) {
-                    outcomes.extend(rows.iter().map(|_| Outcome::NotTried));
+                if !in_flight.is_empty() {
+                    done.extend(acknowledge_all(std::mem::take(&mut in_flight), timeout).await);
+                }
+                if done.iter().any(|o| matches!(o, Outcome::SinkFailed { .. })) {
+                    done.extend(rows.iter().map(|_| Outcome::NotTried));
                     continue;
                 }
-                let first = outcomes.len();
-                let mut pending = Vec::with_capacity(rows.len());
+                let first = done.len();
                 for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
-                    let body = match &by_ref[first + i] {
+                    let body: &[u8] = match &by_ref[first + i] {
                         None => body,
                         Some(Ok(thin)) => thin,
                         Some(Err(outcome)) => {
-                            pending.push((Err(outcome.clone()), None));
+                            in_flight.push((Err(outcome.clone()), None));
                             continue;
                         }
                     };
                     let subjects = match subjects::of(prefix, legacy, resolutions, row) {
                         Ok(s) => s,
                         Err(e) => {
-                            pending.push((Err(Outcome::RowFailed(e)), None));
+                            in_flight.push((Err(Outcome::RowFailed(e)), None));
                             continue;
                         }
                     };
@@ -213,23 +224,45 @@ impl NatsSink {
                         }
                         _ => None,
                     };
-                    pending.push((event, departed));
+                    in_flight.push((event, departed));
                 }
-                let acks = pending.into_iter().map(|(event, departed)| async move {
-                    let event = acknowledged(event, timeout).await;
-                    match departed {
-                        Some(departed) if matches!(event, Outcome::Delivered { .. }) => match acknowledged(departed, timeout).await {
-                            Outcome::Delivered { .. } => event,
-                            failed => failed,
-                        },
-                        _ => event,
-                    }
-                });
-                outcomes.extend(join_all(acks).await);
             }
-            outcomes
+            Pending { done, in_flight }
         })
     }
+
+    /// Awaits the PubAcks `begin` left in flight: one outcome per row of its batch, in order.
+    pub fn finish(&mut self, pending: Pending) -> Vec<Outcome> {
+        let Pending { mut done, in_flight } = pending;
+        let timeout = self.timeout;
+        done.extend(self.runtime.block_on(acknowledge_all(in_flight, timeout)));
+        done
+    }
+}
+
+/// A sent message's PubAck to come, or the row's outcome when it was not sent.
+type Sent = Result<jetstream::context::PublishAckFuture, Outcome>;
+
+/// A batch `begin` sent: the outcomes of its acknowledged chunks, and the rows whose PubAcks (of the
+/// event, and of its departure notice) are still to come.
+pub struct Pending {
+    done: Vec<Outcome>,
+    in_flight: Vec<(Sent, Option<Sent>)>,
+}
+
+/// Each row's outcome: delivered only with the PubAck of its event and, if any, of its departure.
+async fn acknowledge_all(in_flight: Vec<(Sent, Option<Sent>)>, timeout: Duration) -> Vec<Outcome> {
+    let acks = in_flight.into_iter().map(|(event, departed)| async move {
+        let event = acknowledged(event, timeout).await;
+        match departed {
+            Some(departed) if matches!(event, Outcome::Delivered { .. }) => match acknowledged(departed, timeout).await {
+                Outcome::Delivered { .. } => event,
+                failed => failed,
+            },
+            _ => event,
+        }
+    });
+    join_all(acks).await
 }
 
 impl NatsSink {
@@ -330,7 +363,7 @@ fn limits_note(wanted: &stream::Config, have: &stream::Config) -> Option<String>
 const IN_FLIGHT: usize = 1000;
 
 /// Waits for one message's PubAck, at most publish_timeout.
-async fn acknowledged(sent: Result<jetstream::context::PublishAckFuture, Outcome>, timeout: Duration) -> Outcome {
+async fn acknowledged(sent: Sent, timeout: Duration) -> Outcome {
     match sent {
         Err(outcome) => outcome,
         Ok(ack) => match tokio::time::timeout(timeout, ack).await {
