@@ -38,6 +38,7 @@ OTHER_BIN = Path(os.environ.get("FEATURE_OUTBOX_AB_BIN", "/opt/pg020/usr/lib/pos
 OTHER = os.environ.get("FEATURE_OUTBOX_AB_LABEL", "0.2.0")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 results.BACKLOG = int(os.environ.get("BENCH_AB_BACKLOG", "30000"))
+RELAY_WORKERS = int(os.environ.get("BENCH_AB_WORKERS", "1"))
 FLOOR = 2  # edit_bench.ROWS index of the floor
 EDITS = {"built-in edit_feature(id, geometry)": 3, "layer edit_feature('bench', id, geometry)": 6}
 
@@ -64,7 +65,7 @@ def edit_cluster(name: str, bin: Path) -> tuple[Cluster, int]:
 
 def relay_cluster(name: str, bin: Path) -> Cluster:
     c = Cluster(RUN_DIR / f"ab-relay-{name}", free_port(), bin)
-    c.start(f"feature_outbox.database = '{results.DB}'", "feature_outbox.relay_workers = 1",
+    c.start(f"feature_outbox.database = '{results.DB}'", f"feature_outbox.relay_workers = {RELAY_WORKERS}",
             "feature_outbox.endpoint = ''", "feature_outbox.retention = 0", "feature_outbox.retry_backoff_max = '200ms'",
             "shared_buffers = '512MB'", "max_wal_size = '4GB'", "synchronous_commit = off")
     c.create_db(results.DB)
@@ -183,7 +184,7 @@ def relay_ab(builds, labels) -> None:
         for b, bin in builds.items():
             relays[b] = relay_cluster(b.replace(" ", "-").replace(".", ""), bin)
         for b, c in relays.items():
-            wait_for(lambda: results.memory(c), 20, "the relay worker")
+            wait_for(lambda: results.memory(c) and len(results.memory(c)) == RELAY_WORKERS, 20, "the relay workers")
         run = 0
         for _ in range(ROUNDS):
             for b, c in relays.items():
@@ -195,7 +196,7 @@ def relay_ab(builds, labels) -> None:
         for c in relays.values():
             c.stop()
         server.stop()
-    print(f"\nRelay: one worker, a {results.BACKLOG:,}-row backlog of county events, events/s into nats-server and "
+    print(f"\nRelay: {RELAY_WORKERS} worker(s), a {results.BACKLOG:,}-row backlog of county events, events/s into nats-server and "
           f"into the discard:// floor (the worker's own claim and mark).\n")
     print(f"| build | nats-server | floor | ratio to floor |")
     print("|---|---|---|---|")

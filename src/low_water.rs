@@ -37,7 +37,7 @@ impl LowWater {
     /// One look, inside the caller's transaction. First, if the writers seen last time have all
     /// ended, it advances the mark. Then it takes a new candidate.
     pub fn advance(&mut self) -> Result<(), String> {
-        if self.last.is_some_and(|t| t.elapsed() < EVERY) {
+        if self.too_soon() {
             self.owed = true;
             return Ok(());
         }
@@ -96,6 +96,11 @@ impl LowWater {
         let mark = RELAY.share().low_water;
         self.candidate = (last_id >= mark).then_some(Candidate { last_id, writers, generation });
         Ok(())
+    }
+
+    /// Less than EVERY since the last look: `advance` would only note that a look is owed.
+    pub fn too_soon(&self) -> bool {
+        self.last.is_some_and(|t| t.elapsed() < EVERY)
     }
 
     /// A candidate waits for a later look, or a look was skipped: an idle worker should look again soon.

@@ -228,6 +228,9 @@ struct Relay {
     prefetched: Option<Built>,
     /// Whether this worker logged that it pipelines (once per process).
     pipelined_logged: bool,
+    /// A row-level failure since the last look for rows waiting for their retry time found none.
+    retries_pending: bool,
+    due_checked_at: Option<Instant>,
     /// The newest publish time (epoch seconds) retention has deleted, since this worker started.
     retention_floor: Option<f64>,
 }
@@ -246,6 +249,8 @@ impl Relay {
             low_water: LowWater::default(),
             prefetched: None,
             pipelined_logged: false,
+            retries_pending: true,
+            due_checked_at: None,
             retention_floor: None,
         }
     }
@@ -343,6 +348,17 @@ impl Relay {
             self.advance_low_water();
         }
         self.set_state(WorkerState::Idle);
+        let mut poll = poll_interval();
+        if self.index == 0 && self.low_water.pending() {
+            // Look at the mark again soon, so it passes the last relayed rows without new edits.
+            poll = poll.min(LOW_WATER_LOOK);
+        }
+        // Rows waiting for a per-row retry exist only after a row-level failure: look for the
+        // earliest after one, and once per poll interval (a restart, another worker's rows).
+        if !self.retries_pending && self.due_checked_at.is_some_and(|t| t.elapsed() < poll_interval()) {
+            return Drain::Idle(poll);
+        }
+        self.due_checked_at = Some(Instant::now());
         // Wake up for the earliest per-row retry if that comes before the poll interval.
         let due = in_transaction(|| {
             kept_one::<f64>(
@@ -351,11 +367,7 @@ impl Relay {
                     AND id >= feature_outbox._relay_low_water()",
             )
         });
-        let mut poll = poll_interval();
-        if self.index == 0 && self.low_water.pending() {
-            // Look at the mark again soon, so it passes the last relayed rows without new edits.
-            poll = poll.min(LOW_WATER_LOOK);
-        }
+        self.retries_pending = !matches!(due, Ok(Ok(None)));
         match due {
             // A row may have come due since the claim: then look again almost at once.
             Ok(Ok(Some(secs))) => Drain::Idle(poll.min(Duration::from_secs_f64(secs.max(0.001)))),
@@ -570,6 +582,7 @@ impl Relay {
         });
         if let Some(e) = &p.row_error {
             self.record_error(e);
+            self.retries_pending = true;
         }
         for (id, why, error) in &p.parked {
             log!("feature_outbox relay {}: outbox row {id} parked {why}: {error}", self.index);
@@ -586,6 +599,11 @@ impl Relay {
     /// One look at the claim's low-water mark (worker 0), in its own short transaction.
     fn advance_low_water(&mut self) {
         let low_water = &mut self.low_water;
+        if low_water.too_soon() {
+            // No transaction for nothing: a wake-up a millisecond after the last look costs none.
+            let _ = low_water.advance();
+            return;
+        }
         if let Err(e) = in_transaction(|| low_water.advance()).and_then(|r| r) {
             warning!("feature_outbox relay {}: low-water mark: {e}", self.index);
         }
