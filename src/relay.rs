@@ -517,8 +517,8 @@ impl Relay {
                     batch
                 };
                 update_slot(index, |s| s.state = WorkerState::Publishing);
-                // JetStream: claim, read and encode the next batch while this one's PubAcks come
-                // back. It is claimed above this batch's last id (SKIP LOCKED does not skip this
+                // Claim, read and encode the next batch while this one is in flight (JetStream's
+                // PubAcks, HTTP's requests). It is claimed above this batch's last id (SKIP LOCKED does not skip this
                 // transaction's own locks), and sent by the next transaction, after this one marked,
                 // so a feature's events stay in order.
                 let mut next: Result<Option<Built>, String> = Ok(None);
@@ -812,7 +812,8 @@ impl Built {
 /// Publishes the rows whose events were built, a feature's rows in id order: round k sends the k-th
 /// row of each feature in the batch, and only when its feature's row of round k - 1 was delivered.
 /// A row whose event could not be built fails alone and never blocks other features; its feature's
-/// later rows wait (NotTried). On JetStream, `meanwhile` runs while round 0's PubAcks come back.
+/// later rows wait (NotTried). `meanwhile` runs while round 0 is in flight: on JetStream while its
+/// PubAcks come back, on HTTP while its requests are out.
 fn publish(sink: &mut Sink, rows: &[Row], events: &[Result<Vec<u8>, String>], relayed_at: &str, meanwhile: impl FnOnce()) -> Vec<Outcome> {
     let round = rounds(rows);
     let mut meanwhile = Some(meanwhile);
@@ -848,6 +849,7 @@ fn publish(sink: &mut Sink, rows: &[Row], events: &[Result<Vec<u8>, String>], re
                     f();
                     nats.finish(pending)
                 }
+                (Sink::Http(http), Some(f)) => http.publish_while(sent_rows, &bodies, f),
                 (sink, _) => sink.publish(sent_rows, &bodies, relayed_at),
             };
             for (&i, outcome) in send.iter().zip(sent) {

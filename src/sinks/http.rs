@@ -88,6 +88,12 @@ impl HttpSink {
     /// transaction stays short even with a slow receiver. The rows not tried are claimed again by
     /// the next batch.
     pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]]) -> Vec<Outcome> {
+        self.publish_while(rows, bodies, || {})
+    }
+
+    /// `publish`, running `meanwhile` on this thread while the requests are in flight on others (the
+    /// worker claims, reads and encodes its next batch then).
+    pub fn publish_while(&mut self, rows: &[Row], bodies: &[&[u8]], meanwhile: impl FnOnce()) -> Vec<Outcome> {
         let deadline = Instant::now() + self.timeout;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
         let requests = self.requests(rows, bodies, &mut outcomes);
@@ -109,13 +115,16 @@ impl HttpSink {
                 done.lock().unwrap_or_else(|e| e.into_inner()).push((i, outcome));
             }
         };
-        // This thread works too; a thread that cannot be started only means fewer in flight.
+        // A thread that cannot be started only means fewer in flight; with none, this one sends.
         let threads = self.concurrency.min(requests.len());
         std::thread::scope(|scope| {
-            for _ in 1..threads {
-                let _ = std::thread::Builder::new().name("feature_outbox http".into()).spawn_scoped(scope, work);
+            let started = (0..threads)
+                .filter(|_| std::thread::Builder::new().name("feature_outbox http".into()).spawn_scoped(scope, work).is_ok())
+                .count();
+            meanwhile();
+            if started == 0 {
+                work();
             }
-            work();
         });
         for (i, outcome) in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
             for &row in &requests[i].rows {
