@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
 from conftest import COUNTIES, PG_BIN, PG_MAJOR, RUN_DIR, Cluster, free_port  # noqa: E402
 from relay_harness import CLAIM_FROM, NatsServer, Receiver, wait_for  # noqa: E402
+from drills import port_open  # noqa: E402
 
 DB = "results"
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
@@ -202,12 +203,6 @@ class Nginx:
     def close(self):
         self.proc.terminate()
         self.proc.wait(10)
-
-
-def port_open(port):
-    import socket
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Subscriber:

@@ -54,10 +54,10 @@ BASE_SETTINGS = (
 
 
 # Drills 1 to 3 claim small batches, so that each catch-up after the fault fills them and the
-# JetStream worker pipelines: it claims, reads and encodes the next batch while the last one's
-# PubAcks come back, and sends it from the next transaction (src/relay.rs).
+# JetStream worker pipelines: it claims, reads and encodes the next batch while the last one is in
+# flight, and sends it from the next transaction (src/relay.rs).
 PIPELINED = "feature_outbox.batch_size = 10"
-PIPELINED_LOG = "claiming each next batch while the last one's PubAcks come back"
+PIPELINED_LOG = "claiming each next batch while the last one is in flight"
 
 
 @dataclass

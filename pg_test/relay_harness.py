@@ -114,6 +114,13 @@ def configure(c: Cluster, **settings) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
+def reconfigure(c: Cluster, **settings) -> None:
+    """configure, then a pause for the workers to take the reload before the test's next edit (a
+    commit can wake a worker before its SIGHUP does)."""
+    configure(c, **settings)
+    time.sleep(0.5)
+
+
 def consume(urls: list[str], filters: list[str], stream: str = "FEATURES") -> list[dict]:
     """Every message of the stream matching any of `filters`, through one ephemeral JetStream pull
     consumer per filter (nats-server 2.9 takes one filter subject per consumer): subject, message id

@@ -5,7 +5,6 @@ receiver, no mocks."""
 
 import json
 import random
-import time
 
 import psycopg
 import pytest
@@ -20,7 +19,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from standardwebhooks.webhooks import Webhook
 
 from relay_harness import all_published, nats_fixture, receiver, relay_cluster, wait_for  # noqa: F401 (receiver: a fixture)
-from relay_harness import configure as harness_configure
+from relay_harness import reconfigure as configure
 
 DB = "envelope"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -40,12 +39,6 @@ def relay(nats_server):
                              "SELECT feature_outbox.register_layer('gates', 'app.gates', properties => '{name}')"))
     yield c
     c.stop()
-
-
-def configure(c, **settings):
-    """relay_harness.configure, then a pause for the worker to take the reload before the next edit."""
-    harness_configure(c, **settings)
-    time.sleep(0.5)
 
 
 def point(lon, lat):

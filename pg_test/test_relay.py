@@ -18,7 +18,7 @@ from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
 from relay_harness import NatsServer, Receiver, get_object, receiver, subject, wait_for  # noqa: F401 (receiver: a fixture)
-from relay_harness import configure as harness_configure
+from relay_harness import reconfigure as configure
 
 DB = "relay"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -64,12 +64,6 @@ def relay(nats_server):
 def worker_states(c):
     with c.connect(DB) as conn:
         return [r[0] for r in conn.execute("SELECT state FROM feature_outbox.workers ORDER BY worker")]
-
-
-def configure(c, **settings):
-    """relay_harness.configure, then a pause for the workers to take the reload."""
-    harness_configure(c, **settings)
-    time.sleep(0.3)
 
 
 def edit(c, feature_id, event_type, geojson=None):

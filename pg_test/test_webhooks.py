@@ -4,7 +4,6 @@ array per request, acknowledged as a whole, a 500 redelivering all of it and a 4
 event the receiver refuses. A real cluster, a real receiver, every event checked against its row."""
 
 import json
-import time
 
 import psycopg
 import pytest
@@ -12,7 +11,7 @@ from cloudevents.core.formats.json import JSONFormat
 from standardwebhooks.webhooks import Webhook
 
 from relay_harness import point_edits, receiver, relay_cluster, wait_for  # noqa: F401 (receiver: a fixture)
-from relay_harness import configure as harness_configure
+from relay_harness import reconfigure as configure
 
 DB = "webhooks"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -35,11 +34,6 @@ def fresh_receiver(receiver):
         receiver.requests.clear()
         receiver.max_in_flight = 0
     yield
-
-
-def configure(c, **settings):
-    harness_configure(c, **settings)
-    time.sleep(0.5)
 
 
 def outbox(c, first, n) -> dict:

@@ -107,12 +107,13 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
         if rows.len() as i64 >= limit {
             break;
         }
-        if r.get::<i64>(1).map_err(text)?.is_some_and(|id| held.contains(&id)) {
+        let id = r.get::<i64>(1).map_err(text)?.unwrap_or_default();
+        if held.contains(&id) {
             continue;
         }
         let get_s = |i| r.get::<String>(i).map_err(text);
         rows.push(Row {
-            id: r.get::<i64>(1).map_err(text)?.unwrap_or_default(),
+            id,
             event_id: get_s(2)?.unwrap_or_default(),
             feature_id: r.get::<i64>(3).map_err(text)?.unwrap_or_default(),
             feature_key: get_s(12)?,

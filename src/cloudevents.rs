@@ -50,7 +50,7 @@ pub fn source(database: &str, layer: &str) -> String {
 pub fn attributes(database: &str, prefix: &str, row: &Row, message: Message) -> Vec<(&'static str, String)> {
     let (id, event_type) = match message {
         Message::Event => (row.event_id.clone(), row.event_type.as_str()),
-        Message::Departed => (format!("{}:{}", row.event_id, crate::subjects::DEPARTED), crate::subjects::DEPARTED),
+        Message::Departed => (crate::subjects::departed_id(&row.event_id), crate::subjects::DEPARTED),
     };
     let mut a = vec![
         ("specversion", "1.0".to_string()),

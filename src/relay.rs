@@ -518,9 +518,9 @@ impl Relay {
                 };
                 update_slot(index, |s| s.state = WorkerState::Publishing);
                 // Claim, read and encode the next batch while this one is in flight (JetStream's
-                // PubAcks, HTTP's requests). It is claimed above this batch's last id (SKIP LOCKED does not skip this
-                // transaction's own locks), and sent by the next transaction, after this one marked,
-                // so a feature's events stay in order.
+                // PubAcks, HTTP's requests). It is claimed from the low-water mark, leaving out this
+                // batch's rows (SKIP LOCKED does not skip this transaction's own locks), and sent by
+                // the next transaction, after this one marked, so a feature's events stay in order.
                 let mut next: Result<Option<Built>, String> = Ok(None);
                 let full = batch.rows.len() as i64 >= limit;
                 let outcomes = publish(sink, &batch.rows, &batch.events, &batch.relayed_at, || {
@@ -548,16 +548,15 @@ impl Relay {
         })
         .and_then(|r| r)?;
         if next.is_some() && !self.pipelined_logged {
-            log!("feature_outbox relay {index}: a backlog: claiming each next batch while the last one's PubAcks come back");
+            log!("feature_outbox relay {index}: a backlog: claiming each next batch while the last one is in flight");
             self.pipelined_logged = true;
         }
         self.prefetched = next;
-        let result = Published { prefetched: self.prefetched.as_ref().map_or(0, |p| p.rows.len()), ..result };
         unsafe { pg_sys::pgstat_report_stat(false) };
         self.account(&result);
         Ok(match result.sink_error {
             Some((error, retry_after)) => BatchEnd::SinkDown(error, retry_after),
-            None if result.claimed as i64 >= limit || result.not_tried > 0 || result.prefetched > 0 => BatchEnd::More,
+            None if result.claimed as i64 >= limit || result.not_tried > 0 || self.prefetched.is_some() => BatchEnd::More,
             None => BatchEnd::Drained,
         })
     }
@@ -673,8 +672,6 @@ enum BatchEnd {
 #[derive(Default)]
 struct Published {
     claimed: usize,
-    /// Rows claimed ahead for the next transaction.
-    prefetched: usize,
     not_tried: usize,
     delivered_by_type: [i64; 5],
     duplicates: i64,
@@ -763,13 +760,18 @@ impl Built {
             .map(|(r, _)| (r.layer.as_str(), r.feature_id))
             .collect();
         if !held.is_empty() {
-            let keep: Vec<bool> = self.rows.iter().map(|r| !held.contains(&(r.layer.as_str(), r.feature_id))).collect();
-            let mut k = keep.iter();
-            self.rows.retain(|_| *k.next().unwrap_or(&false));
-            let mut k = keep.iter();
-            self.events.retain(|_| *k.next().unwrap_or(&false));
+            let kept: Vec<bool> = self.rows.iter().map(|r| !held.contains(&(r.layer.as_str(), r.feature_id))).collect();
+            self.keep(&kept);
         }
         self
+    }
+
+    /// Keeps the rows, and their events, whose entry in `kept` is true.
+    fn keep(&mut self, kept: &[bool]) {
+        let mut k = kept.iter().copied();
+        self.events.retain(|_| k.next().unwrap_or(false));
+        let mut k = kept.iter().copied();
+        self.rows.retain(|_| k.next().unwrap_or(false));
     }
 
     /// Locks this prefetched batch's rows again, in the transaction that sends it (the one that
@@ -789,7 +791,7 @@ impl Built {
             .collect();
         // A row no longer to be sent takes its feature's later rows with it (their order).
         let mut dropped: HashSet<(&str, i64)> = HashSet::new();
-        let keep: Vec<bool> = self
+        let kept: Vec<bool> = self
             .rows
             .iter()
             .map(|r| {
@@ -801,10 +803,7 @@ impl Built {
                 keep
             })
             .collect();
-        let mut k = keep.iter();
-        self.rows.retain(|_| *k.next().unwrap_or(&false));
-        let mut k = keep.iter();
-        self.events.retain(|_| *k.next().unwrap_or(&false));
+        self.keep(&kept);
         Ok(self)
     }
 }

@@ -14,6 +14,12 @@ use crate::routing;
 /// The event type token of a departure notice.
 pub const DEPARTED: &str = "departed";
 
+/// The message id of an event's departure notice (its Nats-Msg-Id and CloudEvents `id`), so that
+/// (source, id) stays unique beside the event's own.
+pub fn departed_id(event_id: &str) -> String {
+    format!("{event_id}:{DEPARTED}")
+}
+
 /// Where one row's event goes.
 #[derive(Debug, PartialEq)]
 pub struct Subjects {

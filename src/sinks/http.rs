@@ -205,16 +205,16 @@ impl HttpSink {
             .header("webhook-id", &id)
             .header("Idempotency-Key", &id)
             .header("webhook-timestamp", timestamp.to_string());
-        if !batched {
-            for (name, value) in cloudevents::headers(self.envelope, Binding::Http, &self.database, &self.prefix, first, Message::Event) {
-                request_builder = request_builder.header(name, value);
-            }
-        } else if self.envelope == Envelope::Native && request.rows.iter().all(|&i| rows[i].traceparent == first.traceparent && rows[i].tracestate == first.tracestate) {
-            // One trace context for the request when its events share it; under cloudevents each
-            // event carries its own as attributes.
-            for (name, value) in cloudevents::headers(Envelope::Native, Binding::Http, &self.database, &self.prefix, first, Message::Event) {
-                request_builder = request_builder.header(name, value);
-            }
+        // A batch has one trace context when its events share it; under cloudevents each event
+        // carries its own as attributes.
+        let shared_trace = || request.rows.iter().all(|&i| rows[i].traceparent == first.traceparent && rows[i].tracestate == first.tracestate);
+        let envelope = match (batched, self.envelope) {
+            (false, envelope) => Some(envelope),
+            (true, Envelope::Native) if shared_trace() => Some(Envelope::Native),
+            (true, _) => None,
+        };
+        for (name, value) in envelope.map(|e| cloudevents::headers(e, Binding::Http, &self.database, &self.prefix, first, Message::Event)).unwrap_or_default() {
+            request_builder = request_builder.header(name, value);
         }
         if let Some(secret) = &self.secret {
             match webhook_signature(secret, &id, timestamp, &request.body) {

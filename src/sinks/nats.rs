@@ -219,7 +219,7 @@ impl NatsSink {
                     // that dedup keeps one of each; the row counts as delivered only with both PubAcks.
                     let departed = match (&event, subjects.departed) {
                         (Ok(_), Some(subject)) => {
-                            let id = format!("{}:{}", row.event_id, subjects::DEPARTED);
+                            let id = subjects::departed_id(&row.event_id);
                             Some(send(js, timeout, max_payload, headers(row, Message::Departed), subject, &id, body).await)
                         }
                         _ => None,
