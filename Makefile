@@ -15,7 +15,7 @@ PASS_ON := PYTEST_ARGS DEMO_LIMIT DEMO_SKIP_INSTALL DEMO_TIMEOUT BENCH_REPEATS
 PASS_ON_ARGS = $(foreach v,$(PASS_ON),$(if $(value $(v)),$(v)='$(value $(v))'))
 VENV := $(or $(FEATURE_OUTBOX_VENV),.venv)
 
-.PHONY: setup build install install-test test unit-test pg-test demo bench bench-ab faults package package-test clean
+.PHONY: docs setup build install install-test test unit-test pg-test demo bench bench-ab faults package package-test clean
 
 ifneq ($(PG),15)
 ifneq ($(FEATURE_OUTBOX_PG),$(PG))
@@ -101,3 +101,7 @@ package-test:
 
 clean:
 	cargo clean
+
+## docs: the book (docs/, mdBook) into target/book; installs mdbook 0.5.4 first when missing.
+docs:
+	bash scripts/docs.sh
