@@ -39,23 +39,20 @@ def expand(path: Path, depth: int = 0, keep_anchors: bool = False) -> str:
     assert depth < 5, f"{path}: includes nest too deep"
 
     def included(m: re.Match) -> str:
-        target = (path.parent / m[1]).resolve()
-        lines = expand(target, depth + 1).split("\n") if not m[2] or re.fullmatch(r"[\d:]+", m[2]) else None
-        spec = m[2]
-        if not spec:
-            return "\n".join(lines)
-        if lines is not None:
-            a, colon, b = spec.partition(":")
-            start = int(a) - 1 if a else 0
-            end = (int(b) if b else len(lines)) if colon else start + 1
-            return "\n".join(lines[start:end])
-        raw = expand(target, depth + 1, keep_anchors=True).split("\n")
-        try:
-            start = next(i for i, l in enumerate(raw) if re.search(rf"ANCHOR:\s*{spec}\b", l))
-            end = next(i for i, l in enumerate(raw) if re.search(rf"ANCHOR_END:\s*{spec}\b", l))
-        except StopIteration:
-            raise AssertionError(f"{path}: {target} has no anchor {spec}") from None
-        return "\n".join(l for l in raw[start + 1:end] if not ANCHOR.search(l))
+        target, spec = (path.parent / m[1]).resolve(), m[2]
+        if spec and not re.fullmatch(r"[\d:]+", spec):       # an anchor's name
+            raw = expand(target, depth + 1, keep_anchors=True).split("\n")
+            try:
+                start = next(i for i, l in enumerate(raw) if re.search(rf"ANCHOR:\s*{spec}\b", l))
+                end = next(i for i, l in enumerate(raw) if re.search(rf"ANCHOR_END:\s*{spec}\b", l))
+            except StopIteration:
+                raise AssertionError(f"{path}: {target} has no anchor {spec}") from None
+            return "\n".join(l for l in raw[start + 1:end] if not ANCHOR.search(l))
+        lines = expand(target, depth + 1).split("\n")
+        a, colon, b = (spec or ":").partition(":")                # "", "a", "a:", ":b", "a:b"
+        start = int(a) - 1 if a else 0
+        end = (int(b) if b else len(lines)) if colon else start + 1
+        return "\n".join(lines[start:end])
 
     text = INCLUDE.sub(included, path.read_text())
     return text if keep_anchors else "\n".join(l for l in text.split("\n") if not ANCHOR.search(l))
@@ -101,17 +98,21 @@ def blocks(page: Path) -> list[Block]:
     return out
 
 
-def headings(text: str) -> list[tuple[int, str]]:
-    """(level, title) of each Markdown heading outside fenced blocks."""
+def outside_fences(text: str) -> list[str]:
+    """The lines of `text` that are not in a fenced block, nor a fence."""
     out, fence = [], None
     for line in text.split("\n"):
         m = FENCE.match(line.strip())
         if m and (fence is None or line.strip() == fence):
             fence = m[1] if fence is None else None
-            continue
-        if fence is None and (h := re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)):
-            out.append((len(h[1]), h[2]))
+        elif fence is None:
+            out.append(line)
     return out
+
+
+def headings(text: str) -> list[str]:
+    """The title of each Markdown heading outside fenced blocks."""
+    return [h[1] for line in outside_fences(text) if (h := re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line))]
 
 
 def anchor(title: str) -> str:
@@ -125,7 +126,7 @@ def anchor(title: str) -> str:
 def anchors(text: str) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    for _, title in headings(text):
+    for title in headings(text):
         a = anchor(title)
         n = seen.get(a, 0)
         seen[a] = n + 1

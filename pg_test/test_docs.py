@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port
-from docs_examples import DOCS, README, ROOT, anchors, blocks, expand, headings, pages
+from docs_examples import DOCS, README, ROOT, anchor, anchors, blocks, expand, outside_fences, pages
 from relay_harness import nats_fixture
 
 nats_server = nats_fixture("nats_docs")
@@ -45,7 +45,12 @@ class Session:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.out, self.err = queue.Queue(), queue.Queue()
         for stream, q in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=lambda s=stream, q=q: [q.put(line) for line in s] and None, daemon=True).start()
+            threading.Thread(target=self._pump, args=(stream, q), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream, q: queue.Queue) -> None:
+        for line in stream:
+            q.put(line)
 
     def run(self, sql: str, timeout: float = 120) -> tuple[str, str]:
         self.proc.stdin.write(f"{sql}\n\\echo {END}\n\\warn {END}\n")
@@ -160,22 +165,14 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 def prose(text: str) -> str:
     """The text outside fenced blocks and code spans, where a link is a link."""
-    out, fence = [], None
-    for line in text.split("\n"):
-        m = re.match(r"^\s*(`{3,})", line)
-        if m and (fence is None or line.strip() == fence):
-            fence = m[1] if fence is None else None
-            continue
-        if fence is None:
-            out.append(re.sub(r"`[^`]*`", "", line))
-    return "\n".join(out)
+    return "\n".join(re.sub(r"`[^`]*`", "", line) for line in outside_fences(text))
 
 
 def test_every_internal_link_and_anchor_resolves():
     files = [README, *sorted(DOCS.glob("*.md"))]
     broken = []
     for f in files:
-        for target in LINK.findall(prose(expand(f) if f != DOCS / "SUMMARY.md" else f.read_text())):
+        for target in LINK.findall(prose(expand(f))):
             if re.match(r"[a-z]+:", target):          # http:, https:, mailto: are not fetched
                 continue
             path, _, frag = target.partition("#")
@@ -205,7 +202,6 @@ def test_each_heading_of_the_old_readme_has_its_page():
 
 
 def anchor_of(title: str) -> str:
-    from docs_examples import anchor
     return anchor(title.replace("\\|", "|"))
 
 
