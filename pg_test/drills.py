@@ -160,8 +160,8 @@ def start_cluster(name: str, *settings: str, endpoint: str = "") -> Cluster:
     return c
 
 
-def backlog(c: Cluster) -> int:
-    with c.connect(DB) as conn:
+def backlog(c: Cluster, db: str = DB) -> int:
+    with c.connect(db) as conn:
         return conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
 
 
@@ -376,12 +376,12 @@ def tally(name: str, ledger: Ledger, deliveries: list[tuple[str, dict]], drain_s
                drain_s, len(ledger.uncertain), (extra + note).strip(", "), lost_ids=lost, invented_ids=invented)
 
 
-def drain(c: Cluster, since: float, timeout: float = 120) -> float:
+def drain(c: Cluster, since: float, timeout: float = 120, db: str = DB) -> float:
     """Waits until the outbox holds no unpublished row, then returns how many seconds after `since`
     (the recovery, wall clock) the last row written before it was published: the time to drain the
     backlog the fault left, whatever the editors wrote afterwards."""
-    wait_for(lambda: backlog(c) == 0, timeout, "the outbox to drain", interval=0.1)
-    with c.connect(DB) as conn:
+    wait_for(lambda: backlog(c, db) == 0, timeout, f"the outbox of {db} to drain", interval=0.1)
+    with c.connect(db) as conn:
         late = conn.execute("""SELECT extract(epoch FROM max(published_at))::float8 FROM feature_outbox.outbox
                                 WHERE created_at <= to_timestamp(%s)""", (since,)).fetchone()[0]
     return max(0.0, (late or since) - since)

@@ -26,7 +26,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
-from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, CoreSubscriber, Editors, Nats, Row, drain,  # noqa: E402
+from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubscriber, Editors, Nats, Row, drain,  # noqa: E402
                     kill_tree, nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
@@ -457,6 +457,59 @@ def load(short: bool, nats_version: str = "debian") -> Row:
                      note=f"{len(ledger.committed) / wrote:,.0f} edits/s committed while relaying")
 
 
+# ---- 11. three databases on one server, their workers killed ------------------------------------------------------
+
+def relay_pids(c: Cluster, db: str) -> list[int]:
+    with c.connect() as conn:
+        return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'feature_outbox relay' "
+                                           "AND datname = %s", (db,))]
+
+
+def many_databases(short: bool, nats_version: str = "debian") -> Row:
+    """Three databases served by one launcher (feature_outbox.database = '*'), each with its own
+    stream and prefix; editors in each; the workers of one database after another killed."""
+    dbs = {DB: ("features", "FEATURES"), "drills_b": ("features_b", "FEATURES_B"), "drills_c": ("features_c", "FEATURES_C")}
+    with nats_and_cluster("databases", nats_version, "feature_outbox.database = '*'", "feature_outbox.relay_workers = 1",
+                          PIPELINED) as (server, c):
+        for db, (prefix, stream) in dbs.items():
+            if db != DB:
+                c.create_db(db)
+                with c.connect(db) as conn:
+                    conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+                    conn.execute(TABLE)
+                    conn.execute(f"SELECT feature_outbox.register_layer('{LAYER}', 'public.drill')")
+            with c.connect() as conn:
+                conn.execute(f"ALTER DATABASE {db} SET feature_outbox.nats_subject_prefix = '{prefix}'")
+                conn.execute(f"ALTER DATABASE {db} SET feature_outbox.nats_stream = '{stream}'")
+        served = lambda: all(len(relay_pids(c, db)) == 1 for db in dbs)  # noqa: E731
+        wait_for(served, 30, "a worker in each database")
+        time.sleep(2.5)  # the per-database settings restarted them
+        editors = {db: Editors(c, n=1, rate=100, dsn=c.dsn(db)).start() for db in dbs}
+        times = 6 if short else 15
+        for i in range(times):
+            time.sleep(0.7)
+            wait_for(served, 30, "every database's worker to run")
+            db = list(dbs)[i % 3]
+            [pid] = relay_pids(c, db)
+            if i % 2 == 0:
+                with c.connect() as conn:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            else:
+                subprocess.run(["kill", "-9", str(pid)], check=False)  # the postmaster resets every backend
+        recovered = time.time()
+        wait_for(served, 30, "the workers to come back")
+        time.sleep(1)
+        ledgers = {db: e.stop() for db, e in editors.items()}
+        rows = [tally(db, ledgers[db], read_stream([server.url], stream), drain(c, recovered, db=db))
+                for db, (prefix, stream) in dbs.items()]
+        total = Row(f"11. three databases, their workers killed x{times} (pg_terminate_backend, kill -9)",
+                    *[sum(getattr(r, f) for r in rows) for f in ("committed", "delivered", "duplicates", "lost", "invented")],
+                    drain_s=max(r.drain_s for r in rows), uncertain=sum(r.uncertain for r in rows),
+                    note="; ".join(f"{r.drill}: {r.committed:,} committed, {r.delivered:,} delivered" for r in rows))
+        total.checks = {"every database relayed": all(r.delivered > 0 for r in rows)}
+        return total
+
+
 DRILLS = {
     "worker_kill": worker_kill,
     "postmaster_crash": postmaster_crash,
@@ -469,6 +522,7 @@ DRILLS = {
     "long_transaction": long_transaction,
     "out_of_order": out_of_order,
     "load": load,
+    "many_databases": many_databases,
 }
 NATS_DRILLS = {"worker_kill", "jetstream_cluster", "nats_outage", "stream_deleted"}
 

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import psycopg
+from psycopg.sql import SQL, Literal
 import pytest
 
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port
@@ -81,6 +82,31 @@ def ends_complete(sql: str) -> bool:
     return not code or code[-1].endswith(";") or code[-1].lstrip().startswith("\\")
 
 
+def auto_conf(admin) -> dict[str, str]:
+    """postgresql.auto.conf as it is on disk: the cluster's own settings (cluster.sh writes them
+    there, the endpoint among them) and any ALTER SYSTEM since."""
+    return {name: value for name, value in admin.execute(
+        "SELECT name, setting FROM pg_file_settings WHERE sourcefile LIKE '%/postgresql.auto.conf' ORDER BY seqno")}
+
+
+def restore_auto_conf(admin, before: dict[str, str]) -> None:
+    """Undoes the page's ALTER SYSTEM: not RESET ALL, which would drop the cluster's own settings
+    too and leave the pages after it without a relay endpoint."""
+    after = auto_conf(admin)
+    for name in sorted(after.keys() - before.keys()):
+        admin.execute(f"ALTER SYSTEM RESET {guc_name(name)}")
+    for name, value in before.items():
+        if after.get(name) != value:
+            admin.execute(SQL("ALTER SYSTEM SET {} = {}").format(SQL(guc_name(name)), Literal(value)))
+    admin.execute("SELECT pg_reload_conf()")
+    assert auto_conf(admin) == before, "postgresql.auto.conf was not restored"
+
+
+def guc_name(name: str) -> str:
+    assert re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?", name), name
+    return name
+
+
 def run_page(c: Cluster, page: Path) -> dict:
     """Runs the page's examples; returns counts, and raises at the first example that is wrong."""
     bs = blocks(page)
@@ -92,6 +118,8 @@ def run_page(c: Cluster, page: Path) -> dict:
             raise AssertionError(f"{b.where()}: norun needs a reason")
     with c.connect() as admin:
         roles = {r[0] for r in admin.execute("SELECT rolname FROM pg_roles")}
+        dbs = {r[0] for r in admin.execute("SELECT datname FROM pg_database")}
+        settings = auto_conf(admin)
         admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {DB}")
     first_sql = next((b.body for b in runnable if b.lang == "sql"), "")
@@ -132,10 +160,11 @@ def run_page(c: Cluster, page: Path) -> dict:
         session.close()
         with c.connect() as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+            for db in {r[0] for r in admin.execute("SELECT datname FROM pg_database")} - dbs:
+                admin.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
             for role in {r[0] for r in admin.execute("SELECT rolname FROM pg_roles")} - roles:
                 admin.execute(f'DROP ROLE "{role}"')
-            admin.execute("ALTER SYSTEM RESET ALL")
-            admin.execute("SELECT pg_reload_conf()")
+            restore_auto_conf(admin, settings)
     return {"ran": ran, "compared": compared, "norun": sum(b.norun is not None for b in bs)}
 
 

@@ -31,7 +31,7 @@ def test_the_backlog_names_the_transaction_that_holds_back_vacuum(cluster):
             conn.execute("CREATE ROLE watcher IN ROLE pg_monitor")
             conn.execute("SET ROLE watcher")
             assert conn.execute("SELECT vacuum_held_by_pid FROM feature_outbox.backlog").fetchone() == (pid,)
-            assert "\noutbox_vacuum_held_for_seconds " in conn.execute("SELECT feature_outbox.metrics()").fetchone()[0]
+            assert '\noutbox_vacuum_held_for_seconds{database="pressure"} ' in conn.execute("SELECT feature_outbox.metrics()").fetchone()[0]
             conn.execute("RESET ROLE")
             conn.execute("DROP ROLE watcher")
         # A session in another database holds back only that database's VACUUM.

@@ -782,15 +782,17 @@ COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, fail
 CREATE OR REPLACE FUNCTION metrics() RETURNS text
 LANGUAGE sql STABLE
 AS $$
+    -- Every series carries database="<current_database()>": one Prometheus job can scrape many
+    -- databases of one server (label values escaped per the exposition format).
     SELECT concat_ws(E'\n',
         '# HELP outbox_rows_relayed_total Outbox rows published and acknowledged since server start.',
         '# TYPE outbox_rows_relayed_total counter',
-        format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
-        format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
-        format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
-        format('outbox_rows_relayed_total{event_type="updated"} %s', _relay_relayed('updated')),
-        format('outbox_rows_relayed_total{event_type="snapshot"} %s', _relay_relayed('snapshot')),
-        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
+        format('outbox_rows_relayed_total{%s,event_type="created"} %s', l.db, s.relayed_created),
+        format('outbox_rows_relayed_total{%s,event_type="moved"} %s', l.db, s.relayed_moved),
+        format('outbox_rows_relayed_total{%s,event_type="retired"} %s', l.db, s.relayed_retired),
+        format('outbox_rows_relayed_total{%s,event_type="updated"} %s', l.db, _relay_relayed('updated')),
+        format('outbox_rows_relayed_total{%s,event_type="snapshot"} %s', l.db, _relay_relayed('snapshot')),
+        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s{%4$s} %3$s', g.name, g.help, g.value, l.db),
                            E'\n' ORDER BY g.ord)
            FROM (VALUES
                  (1, 'outbox_unpublished_rows', 'Unpublished outbox rows, parked ones included.',
@@ -808,7 +810,9 @@ AS $$
                  (7, 'outbox_vacuum_held_for_seconds', 'Age of the transaction that holds back VACUUM of the outbox the longest.',
                   coalesce(extract(epoch FROM b.vacuum_held_for), 0))) AS g(ord, name, help, value))
     ) || E'\n'
-      FROM backlog b, _relay_status() s
+      FROM backlog b, _relay_status() s,
+           LATERAL (SELECT format('database="%s"',
+                                  replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
 
 CREATE OR REPLACE VIEW backlog_by_layer AS
@@ -1814,6 +1818,33 @@ CREATE EVENT TRIGGER feature_outbox_guard_drops ON sql_drop
     EXECUTE FUNCTION _guard_layer_drops();
 CREATE EVENT TRIGGER feature_outbox_guard_columns ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
     EXECUTE FUNCTION _guard_layer_columns();
+
+-- Many databases: the cluster-wide view of the relay ------------------------------------------
+CREATE  FUNCTION "_relay_databases"() RETURNS TABLE (
+	"database" TEXT,  /* alloc::string::String */
+	"state" TEXT,  /* alloc::string::String */
+	"relay_workers" INT,  /* i32 */
+	"workers_running" INT,  /* i32 */
+	"worker_states" TEXT[],  /* alloc::vec::Vec<alloc::string::String> */
+	"unpublished" bigint,  /* core::option::Option<i64> */
+	"unpublished_at" timestamp with time zone,  /* core::option::Option<pgrx::datum::time_stamp_with_timezone::TimestampWithTimeZone> */
+	"last_error" TEXT,  /* core::option::Option<alloc::string::String> */
+	"last_error_at" timestamp with time zone  /* core::option::Option<pgrx::datum::time_stamp_with_timezone::TimestampWithTimeZone> */
+)
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_relay_databases_wrapper';
+
+-- Every database the relay serves on this server, from shared memory (issue: many databases). Like
+-- the workers view it is for monitoring roles only.
+CREATE VIEW relay_databases AS
+SELECT database, state, relay_workers, workers_running, worker_states, unpublished, unpublished_at,
+       last_error, last_error_at
+  FROM _relay_databases();
+COMMENT ON VIEW relay_databases IS 'Each database the relay serves on this server: its workers, state, last error and unpublished rows.';
+REVOKE ALL ON FUNCTION _relay_databases() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION _relay_databases() TO pg_monitor;
+GRANT SELECT ON relay_databases TO pg_monitor;
 
 -- As sql/finalize.sql does at CREATE EXTENSION: pin search_path on every SQL and plpgsql function,
 -- including those this script adds.

@@ -80,10 +80,11 @@ BEGIN
     IF NOT _relay_preloaded() THEN
         RAISE NOTICE 'feature_outbox is not in shared_preload_libraries, so no relay worker publishes this outbox'
             USING HINT = 'Add feature_outbox to shared_preload_libraries in postgresql.conf and restart the server.';
-    ELSIF current_setting('feature_outbox.database') <> current_database() THEN
-        RAISE NOTICE 'no feature_outbox relay serves database "%": the relay workers publish database "%"',
+    ELSIF trim(current_setting('feature_outbox.database')) <> '*'
+          AND NOT current_database() = ANY (SELECT trim(n) FROM unnest(string_to_array(current_setting('feature_outbox.database'), ',')) n) THEN
+        RAISE NOTICE 'no feature_outbox relay serves database "%": the relay workers publish %',
             current_database(), current_setting('feature_outbox.database')
-            USING HINT = 'Set feature_outbox.database to this database and restart the server.';
+            USING HINT = 'Add this database to feature_outbox.database, or set it to ''*'' (every database with the extension), and restart the server.';
     END IF;
 END
 $notice$;

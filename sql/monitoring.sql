@@ -56,15 +56,17 @@ COMMENT ON VIEW workers IS 'One row per relay background worker serving this dat
 CREATE FUNCTION metrics() RETURNS text
 LANGUAGE sql STABLE
 AS $$
+    -- Every series carries database="<current_database()>": one Prometheus job can scrape many
+    -- databases of one server (label values escaped per the exposition format).
     SELECT concat_ws(E'\n',
         '# HELP outbox_rows_relayed_total Outbox rows published and acknowledged since server start.',
         '# TYPE outbox_rows_relayed_total counter',
-        format('outbox_rows_relayed_total{event_type="created"} %s', s.relayed_created),
-        format('outbox_rows_relayed_total{event_type="moved"} %s', s.relayed_moved),
-        format('outbox_rows_relayed_total{event_type="retired"} %s', s.relayed_retired),
-        format('outbox_rows_relayed_total{event_type="updated"} %s', _relay_relayed('updated')),
-        format('outbox_rows_relayed_total{event_type="snapshot"} %s', _relay_relayed('snapshot')),
-        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s %3$s', g.name, g.help, g.value),
+        format('outbox_rows_relayed_total{%s,event_type="created"} %s', l.db, s.relayed_created),
+        format('outbox_rows_relayed_total{%s,event_type="moved"} %s', l.db, s.relayed_moved),
+        format('outbox_rows_relayed_total{%s,event_type="retired"} %s', l.db, s.relayed_retired),
+        format('outbox_rows_relayed_total{%s,event_type="updated"} %s', l.db, _relay_relayed('updated')),
+        format('outbox_rows_relayed_total{%s,event_type="snapshot"} %s', l.db, _relay_relayed('snapshot')),
+        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s gauge\n%1$s{%4$s} %3$s', g.name, g.help, g.value, l.db),
                            E'\n' ORDER BY g.ord)
            FROM (VALUES
                  (1, 'outbox_unpublished_rows', 'Unpublished outbox rows, parked ones included.',
@@ -82,7 +84,9 @@ AS $$
                  (7, 'outbox_vacuum_held_for_seconds', 'Age of the transaction that holds back VACUUM of the outbox the longest.',
                   coalesce(extract(epoch FROM b.vacuum_held_for), 0))) AS g(ord, name, help, value))
     ) || E'\n'
-      FROM backlog b, _relay_status() s
+      FROM backlog b, _relay_status() s,
+           LATERAL (SELECT format('database="%s"',
+                                  replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
 COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages.';
 
@@ -138,6 +142,17 @@ SELECT l.layer,
 COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
 
 GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
+
+-- Every database the relay serves on this server, from shared memory (issue: many databases). Like
+-- the workers view it is for monitoring roles only.
+CREATE VIEW relay_databases AS
+SELECT database, state, relay_workers, workers_running, worker_states, unpublished, unpublished_at,
+       last_error, last_error_at
+  FROM _relay_databases();
+COMMENT ON VIEW relay_databases IS 'Each database the relay serves on this server: its workers, state, last error and unpublished rows.';
+REVOKE ALL ON FUNCTION _relay_databases() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION _relay_databases() TO pg_monitor;
+GRANT SELECT ON relay_databases TO pg_monitor;
 
 -- The backlog by area: unpublished, unparked rows per layer and H3 parent of their routing key at
 -- `resolution`. Its cost follows the unpublished rows (the partial index, from the low-water mark

@@ -79,6 +79,14 @@ fn trace(row: &Row) -> Vec<(&'static str, String)> {
     t
 }
 
+/// The header that names the database whose outbox an event comes from, on NATS and HTTP alike,
+/// under every envelope; the value is percent-encoded as the `ce-` headers are.
+pub const DATABASE_HEADER: &str = "Feature-Outbox-Database";
+
+pub fn database_header_value(database: &str) -> String {
+    utf8_percent_encode(database, HEADER_VALUE).to_string()
+}
+
 /// The headers of one message of `row`, in order: the W3C `traceparent` and `tracestate` (Trace
 /// Context, section 3) under every envelope, then under `cloudevents` each attribute as a `ce-`
 /// header, percent-encoded; on HTTP `datacontenttype` is the Content-Type the sink sets itself.

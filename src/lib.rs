@@ -8,11 +8,13 @@ use pgrx::prelude::*;
 
 mod backoff;
 mod claim;
+mod databases;
 mod ddl_guard;
 mod edit;
 mod event;
 mod geojson;
 mod input_error;
+mod launcher;
 mod monitoring;
 mod plans;
 mod low_water;
@@ -25,6 +27,7 @@ mod sinks;
 mod subjects;
 mod subxact;
 mod trace_context;
+mod utility_hook;
 mod cloudevents;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -62,6 +65,7 @@ extension_sql_file!(
         "layers",
         monitoring::_relay_workers,
         monitoring::_relay_status,
+        monitoring::_relay_databases,
         monitoring::_relay_preloaded,
         monitoring::_relay_relayed,
         edit::_h3_parent,
@@ -90,7 +94,8 @@ pub extern "C-unwind" fn _PG_init() {
     settings::init();
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         relay_state::init();
-        relay::register_workers();
+        launcher::register();
+        utility_hook::init();
     }
 }
 

@@ -13,7 +13,7 @@
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
 
-use crate::relay_state::{RELAY, outbox_relid};
+use crate::relay_state::{RELAY, outbox_relid, this_database};
 
 /// How often worker 0 looks: each advance walks the entries between the old mark and the new once.
 const EVERY: Duration = Duration::from_millis(100);
@@ -49,8 +49,11 @@ impl LowWater {
         )
         .map_err(|e| e.to_string())?
         .unwrap_or(0);
+        let database = this_database();
         let (mark, generation) = {
             let mut shared = RELAY.exclusive();
+            // The launcher made the entry before it started this worker, and keeps it while we run.
+            let Some(shared) = shared.database_mut(database) else { return Ok(()) };
             // Another outbox (DROP and CREATE EXTENSION), or ids that went back (TRUNCATE ...
             // RESTART IDENTITY): start again from 0.
             if shared.low_water_relid != relid || last_id + 1 < shared.low_water {
@@ -78,8 +81,10 @@ impl LowWater {
             )
             .map_err(|e| e.to_string())?
             .unwrap_or(mark);
-            let mut shared = RELAY.exclusive();
-            if shared.low_water_generation == c.generation && next > shared.low_water {
+            if let Some(shared) = RELAY.exclusive().database_mut(database)
+                && shared.low_water_generation == c.generation
+                && next > shared.low_water
+            {
                 shared.low_water = next;
             }
         }
@@ -93,7 +98,7 @@ impl LowWater {
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
         // Nothing beyond the mark: no candidate to wait for.
-        let mark = RELAY.share().low_water;
+        let mark = RELAY.share().database(database).map_or(0, |d| d.low_water);
         self.candidate = (last_id >= mark).then_some(Candidate { last_id, writers, generation });
         Ok(())
     }

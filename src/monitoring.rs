@@ -3,29 +3,41 @@
 
 use pgrx::prelude::*;
 
-use crate::relay_state::{RELAY, Slot, WorkerState, ready};
+use crate::databases::{self, Served};
+use crate::relay_state::{Presence, RELAY, Slot, WorkerState, ready, this_database};
 use crate::settings;
 
 fn timestamp(ts: pgrx::pg_sys::TimestampTz) -> Option<TimestampWithTimeZone> {
     (ts != 0).then(|| TimestampWithTimeZone::try_from(ts).ok()).flatten()
 }
 
-/// Slots of the configured workers when the relay serves the current database, else why none does.
-fn slots_here() -> Result<Vec<(usize, Slot)>, String> {
+/// The configured workers' slots (index order; a worker not running shows as stopped) when the
+/// relay serves the current database, else why none does. Also the launcher's error for it.
+fn slots_here() -> Result<(Vec<(usize, Slot)>, Option<(String, pgrx::pg_sys::TimestampTz)>), String> {
     if !ready() {
         return Err("feature_outbox is not in shared_preload_libraries: no relay worker runs, nothing is published".into());
     }
     let here = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId)) };
     let here = here.to_string_lossy();
-    let served = settings::string(&settings::DATABASE);
-    if here != served {
+    if !Served::now().includes(&here) {
+        let served = settings::string(&settings::DATABASE);
         return Err(format!("no relay worker serves database \"{here}\": feature_outbox.database is \"{served}\""));
     }
     let count = settings::RELAY_WORKERS.get().max(0) as usize;
     if count == 0 {
         return Err("feature_outbox.relay_workers is 0: nothing is published".into());
     }
-    Ok(RELAY.share().slots.iter().copied().take(count).enumerate().collect())
+    let database = this_database();
+    let shared = RELAY.share();
+    let slots = (0..count)
+        .map(|i| {
+            let slot = shared.slots.iter().find(|s| s.database == database && s.index as usize == i && s.claimed);
+            let slot = slot.or_else(|| shared.slots.iter().find(|s| s.database == database && s.index as usize == i));
+            (i, slot.copied().map(|s| if s.claimed { s } else { Slot { pid: 0, state: WorkerState::Stopped, ..s } }).unwrap_or_default())
+        })
+        .collect();
+    let launcher_error = shared.database(database).and_then(|d| d.error().map(|e| (e, d.error_at)));
+    Ok((slots, launcher_error))
 }
 
 /// True when the server preloaded the library (shared_preload_libraries), so relay workers can run.
@@ -53,6 +65,7 @@ fn _relay_workers() -> TableIterator<
     ),
 > {
     let rows = slots_here()
+        .map(|(slots, _)| slots)
         .unwrap_or_default()
         .into_iter()
         .map(|(i, s)| {
@@ -87,11 +100,11 @@ fn _relay_status() -> TableIterator<
         name!(relayed_retired, i64),
     ),
 > {
-    let (slots, unserved) = match slots_here() {
-        Ok(slots) => (slots, None),
-        Err(why) => (Vec::new(), Some(why)),
+    let (slots, launcher_error, unserved) = match slots_here() {
+        Ok((slots, launcher_error)) => (slots, launcher_error, None),
+        Err(why) => (Vec::new(), None, Some(why)),
     };
-    let running = slots.iter().filter(|(_, s)| s.pid != 0 && s.state != WorkerState::WaitingForDatabase).count() as i32;
+    let running = slots.iter().filter(|(_, s)| s.pid != 0).count() as i32;
     let last_active = slots.iter().map(|(_, s)| s.last_active_at).max().unwrap_or(0);
     let current = slots.iter().filter(|(_, s)| s.error_active && s.last_error_at != 0).max_by_key(|(_, s)| s.last_error_at);
     // Workers the postmaster could not start (max_worker_processes) or that are restarting leave no
@@ -103,10 +116,11 @@ fn _relay_status() -> TableIterator<
             unsafe { pgrx::pg_sys::max_worker_processes }
         )
     });
-    let (error, error_at) = match (unserved, current, missing) {
-        (Some(why), _, _) => (Some(why), None),
-        (None, Some((_, s)), _) => (s.error_text(), timestamp(s.last_error_at)),
-        (None, None, missing) => (missing, None),
+    let (error, error_at) = match (unserved, launcher_error, current, missing) {
+        (Some(why), ..) => (Some(why), None),
+        (None, Some((error, at)), ..) => (Some(error), timestamp(at)),
+        (None, None, Some((_, s)), _) => (s.error_text(), timestamp(s.last_error_at)),
+        (None, None, None, missing) => (missing, None),
     };
     let by_type = |t: usize| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>();
     TableIterator::once((
@@ -126,5 +140,81 @@ fn _relay_status() -> TableIterator<
 #[pg_extern(stable, parallel_safe)]
 fn _relay_relayed(event_type: &str) -> i64 {
     let Some(t) = crate::relay_state::EVENT_TYPES.iter().position(|e| *e == event_type) else { return 0 };
-    slots_here().map(|slots| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>()).unwrap_or(0)
+    slots_here().map(|(slots, _)| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>()).unwrap_or(0)
+}
+
+/// One row per database the relay serves or is told to serve, cluster-wide, from shared memory: a
+/// session of one database cannot read another's outbox, so `unpublished` is what that database's
+/// worker 0 last counted (at `unpublished_at`), and a database named in feature_outbox.database
+/// that does not exist shows as waiting for it.
+#[pg_extern(stable, parallel_safe)]
+fn _relay_databases() -> TableIterator<
+    'static,
+    (
+        name!(database, String),
+        name!(state, String),
+        name!(relay_workers, i32),
+        name!(workers_running, i32),
+        name!(worker_states, Vec<String>),
+        name!(unpublished, Option<i64>),
+        name!(unpublished_at, Option<TimestampWithTimeZone>),
+        name!(last_error, Option<String>),
+        name!(last_error_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    if !ready() {
+        return TableIterator::new(Vec::new());
+    }
+    let configured = settings::RELAY_WORKERS.get().max(0);
+    let shared = *RELAY.share();
+    let mut rows = Vec::new();
+    for d in shared.databases.iter().filter(|d| d.oid != 0) {
+        let mut slots: Vec<&Slot> = shared.slots.iter().filter(|s| s.serves(d.oid)).collect();
+        slots.sort_by_key(|s| s.index);
+        let running = slots.iter().filter(|s| s.pid != 0).count() as i32;
+        let states: Vec<String> = slots.iter().map(|s| s.state.label().to_string()).collect();
+        let state = match (d.paused_for(), d.presence) {
+            (Some(command), _) => format!("paused for {command}"),
+            (None, Presence::Absent) => "no extension".into(),
+            // Its first worker (the probe, when presence is unknown) could not start.
+            (None, _) if d.error().is_some() => "no worker slot".into(),
+            (None, Presence::Unknown | Presence::Probing) => "probing".into(),
+            (None, Presence::Present) if slots.iter().any(|s| s.state == WorkerState::WaitingForUpdate) => WorkerState::WaitingForUpdate.label().into(),
+            (None, Presence::Present) if running == 0 => "starting".into(),
+            (None, Presence::Present) => "relaying".into(),
+        };
+        // The launcher's error first (a worker it could not start), else the newest current one.
+        let current = slots.iter().filter(|s| s.error_active && s.last_error_at != 0).max_by_key(|s| s.last_error_at);
+        let (error, error_at) = match (d.error(), current) {
+            (Some(e), _) => (Some(e), timestamp(d.error_at)),
+            (None, Some(s)) => (s.error_text(), timestamp(s.last_error_at)),
+            (None, None) => (None, None),
+        };
+        rows.push((
+            d.name(),
+            state,
+            if d.presence == Presence::Present { configured } else { 0 },
+            running,
+            states,
+            (d.unpublished_at != 0).then_some(d.unpublished),
+            timestamp(d.unpublished_at),
+            error,
+            error_at,
+        ));
+    }
+    if let Served::Named(names) = Served::now() {
+        let known: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+        let catalog = databases::scan();
+        for name in names.into_iter().filter(|n| !known.contains(n)) {
+            let state = match catalog.iter().find(|d| d.name == name) {
+                None => "waiting for database",
+                Some(d) if d.is_template => "not served: a template",
+                Some(d) if !d.allows_connections => "not served: allows no connections",
+                Some(_) => "probing",
+            };
+            rows.push((name, state.into(), 0, 0, Vec::new(), None, None, None, None));
+        }
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    TableIterator::new(rows)
 }

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -15,19 +15,20 @@ use crate::low_water::LowWater;
 use crate::plans::prepared;
 use crate::claim::claim;
 use crate::event::{self, Row};
-use crate::relay_state::{MAX_WORKERS, RELAY, WorkerState, now};
+use crate::relay_state::{MAX_SLOTS, Presence, RELAY, WorkerState, now, this_database};
 use crate::settings;
 use crate::subxact;
 use crate::sinks::{Outcome, Sink, SinkConfig};
 
 /// The release whose SQL this library runs; the relay waits until the schema is at it.
 const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
-// Short: a worker that waited for its database restarts to connect there (wait_for_database).
-const RESTART: Duration = Duration::from_secs(1);
-const DATABASE_POLL: Duration = Duration::from_millis(250);
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How soon an idle worker 0 looks at the low-water mark again while a candidate waits.
 const LOW_WATER_LOOK: Duration = Duration::from_millis(150);
+/// How often worker 0 counts its database's unpublished rows for relay_databases.
+const COUNT_EVERY: Duration = Duration::from_secs(1);
+/// Counting stops here: the figure is for a view, and a deep backlog must not slow its drain.
+const COUNT_CAP: i64 = 1_000_000;
 const RETENTION_CHUNK: i64 = 5000;
 /// How often a worker backing off after failed NATS connects looks whether a server answers.
 const SINK_PROBE_EVERY: Duration = Duration::from_millis(500);
@@ -40,45 +41,35 @@ const RETENTION_FLOOR_MARGIN_S: f64 = 600.0;
 /// The database this worker connected to, set once at connect.
 static WORKER_DATABASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// Registers `feature_outbox.relay_workers` workers. Called from `_PG_init` while preloading.
-pub fn register_workers() {
-    let count = settings::RELAY_WORKERS.get().clamp(0, MAX_WORKERS as i32);
-    for i in 0..count {
-        BackgroundWorkerBuilder::new(&format!("feature_outbox relay {i}"))
-            .set_type("feature_outbox relay")
-            .set_library("feature_outbox")
-            .set_function("feature_outbox_relay_main")
-            .set_argument(i.into_datum())
-            .enable_spi_access()
-            .set_start_time(BgWorkerStartTime::RecoveryFinished)
-            .set_restart_time(Some(RESTART))
-            .load();
-    }
-}
-
+/// A relay worker, started by the launcher (launcher.rs) for one slot of shared memory, which names
+/// its database and its index. It connects there (the database's per-database settings apply), and
+/// leaves at once when the database is paused for a utility command or holds no extension.
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
-    let index = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }.unwrap_or(0) as usize;
+    let slot = unsafe { i32::from_polymorphic_datum(arg, false, pg_sys::INT4OID) }.unwrap_or(-1);
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let database = settings::string(&settings::DATABASE);
-
-    // A missing database makes the connect below FATAL, and the postmaster restarts us. The slot
-    // remembers the failed attempt: the next start waits for the database instead of connecting.
-    let failed_before = RELAY.share().slots[index].connect_attempt_at != 0;
-    update_slot(index, |s| {
-        s.pid = unsafe { pg_sys::MyProcPid };
-        s.latch = unsafe { pg_sys::MyLatch } as usize;
-        s.state = if failed_before { WorkerState::WaitingForDatabase } else { WorkerState::Idle };
-    });
-    unsafe { pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(index)) };
-    if failed_before {
-        wait_for_database(index, &database);
-    }
-    update_slot(index, |s| s.connect_attempt_at = now());
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
-    update_slot(index, |s| s.connect_attempt_at = 0);
-    let _ = WORKER_DATABASE.set(database.clone());
+    let Some(slot) = usize::try_from(slot).ok().filter(|s| *s < MAX_SLOTS) else { exit_worker() };
+    let attached = {
+        let mut shared = RELAY.exclusive();
+        let s = shared.slots[slot];
+        let open = s.claimed && shared.database(s.database).is_some_and(|d| d.paused == 0);
+        let s = &mut shared.slots[slot];
+        if open {
+            s.pid = unsafe { pg_sys::MyProcPid };
+            s.latch = unsafe { pg_sys::MyLatch } as usize;
+        } else {
+            s.claimed = false;
+            s.state = WorkerState::Stopped;
+        }
+        open.then_some((s.database, s.index as usize, s.workers as usize))
+    };
+    let Some((database, index, workers)) = attached else { exit_worker() };
+    unsafe { pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(slot)) };
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+    // A catalog read: inside a transaction, for its resource owner.
+    let name = BackgroundWorker::transaction(|| unsafe { std::ffi::CStr::from_ptr(pg_sys::get_database_name(pg_sys::MyDatabaseId)) }.to_string_lossy().into_owned());
+    let _ = WORKER_DATABASE.set(name.clone());
     // Every name the relay uses is schema-qualified or in pg_catalog; no schema of a user (say, one
     // named after the worker's role) may shadow them. READ COMMITTED whatever the server's default:
     // the claim's layer reads take a snapshot newer than the claim's (claim.rs), and a claim under
@@ -90,65 +81,18 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
         );
     });
 
-    Relay::new(index).run();
-    // Exit 1 even on SIGTERM: exit 0 would unregister the worker for good after pg_terminate_backend.
-    // During a real shutdown the postmaster restarts nothing.
+    Relay::new(slot, index, workers, &name).run();
+    // Exit 1 even on SIGTERM: a dynamic worker is never restarted by the postmaster either way, and
+    // exit 1 is the code the postmaster takes for a worker's normal end. The launcher restarts it.
     exit_worker();
 }
 
-/// Scans pg_database, a shared catalog that a worker connected to no database can read (its
-/// indexes cannot be opened without one, so no get_database_oid). As the autovacuum launcher does.
-fn database_exists(name: &std::ffi::CStr) -> bool {
-    unsafe {
-        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, lock);
-        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, std::ptr::null_mut(), 0, std::ptr::null_mut());
-        let mut found = false;
-        loop {
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
-            if std::ffi::CStr::from_ptr((*form).datname.data.as_ptr()) == name {
-                found = true;
-                break;
-            }
-        }
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(rel, lock);
-        found
-    }
-}
-
-/// Ends this worker process with exit code 1, so that the postmaster starts it again after its
-/// restart interval. proc_exit never returns, but the pg18 bindings do not declare it diverging.
+/// Ends this worker process with exit code 1: for the postmaster an ordinary end of a background
+/// worker. proc_exit never returns, but the pg18 bindings do not declare it diverging.
 #[allow(unreachable_code)]
-fn exit_worker() -> ! {
+pub fn exit_worker() -> ! {
     unsafe { pg_sys::proc_exit(1) };
     unreachable!("proc_exit returned")
-}
-
-/// Waits, connected to no database (shared catalogs only), until `database` exists, then exits so
-/// that the postmaster starts this worker again after RESTART and it connects there. A worker can
-/// connect once per process. No FATAL per attempt: pg_database is read, not connected to.
-fn wait_for_database(index: usize, database: &str) {
-    BackgroundWorker::connect_worker_to_spi(None, None);
-    let Ok(name) = std::ffi::CString::new(database) else { exit_worker() };
-    log!(
-        "feature_outbox relay {index}: database \"{database}\" does not exist (see feature_outbox.database); waiting for CREATE DATABASE"
-    );
-    loop {
-        let exists = BackgroundWorker::transaction(|| database_exists(&name));
-        if exists {
-            log!("feature_outbox relay {index}: database \"{database}\" exists now; connecting");
-            update_slot(index, |s| s.connect_attempt_at = 0);
-            exit_worker();
-        }
-        if !sleep_for(DATABASE_POLL, || false) {
-            exit_worker();
-        }
-    }
 }
 
 #[pg_guard]
@@ -156,8 +100,10 @@ unsafe extern "C-unwind" fn release_slot(_code: i32, arg: pg_sys::Datum) {
     update_slot(arg.value(), |s| {
         s.pid = 0;
         s.latch = 0;
+        s.claimed = false;
         s.state = WorkerState::Stopped;
     });
+    crate::relay_state::wake_launcher();
 }
 
 pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) {
@@ -167,12 +113,12 @@ pub fn update_slot(index: usize, f: impl FnOnce(&mut crate::relay_state::Slot)) 
 /// True once SIGTERM arrived. pgrx's `sigterm_received()` clears its flag when read, so a SIGTERM
 /// seen by one check (say, mid-drain) would be gone for the next, and the worker would run on
 /// through a fast shutdown. The handler also sets PostgreSQL's ShutdownRequestPending, which stays.
-fn stopping() -> bool {
+pub fn stopping() -> bool {
     BackgroundWorker::sigterm_received() || unsafe { std::ptr::read_volatile(&raw const pg_sys::ShutdownRequestPending) } != 0
 }
 
 /// Re-reads the configuration after a SIGHUP (the signal handler only sets a flag). True if it did.
-fn reload_if_asked() -> bool {
+pub fn reload_if_asked() -> bool {
     let asked = BackgroundWorker::sighup_received();
     if asked {
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -211,7 +157,13 @@ enum Drain {
 }
 
 struct Relay {
+    /// This worker's slot in shared memory, its index among its database's workers, their count.
+    slot: usize,
     index: usize,
+    workers: usize,
+    /// "feature_outbox relay <index> in <database>", the start of each line it logs.
+    tag: String,
+    counted_at: Option<Instant>,
     sink: Option<(SinkConfig, Sink)>,
     sink_failures: u32,
     /// The last try failed to connect (no server answered), rather than to publish.
@@ -236,9 +188,13 @@ struct Relay {
 }
 
 impl Relay {
-    fn new(index: usize) -> Self {
+    fn new(slot: usize, index: usize, workers: usize, database: &str) -> Self {
         Relay {
+            slot,
             index,
+            workers: workers.max(1),
+            tag: format!("feature_outbox relay {index} in \"{database}\""),
+            counted_at: None,
             sink: None,
             sink_failures: 0,
             connect_failed: false,
@@ -311,12 +267,12 @@ impl Relay {
     }
 
     fn set_state(&self, state: WorkerState) {
-        update_slot(self.index, |s| s.state = state);
+        update_slot(self.slot, |s| s.state = state);
     }
 
     fn record_error(&self, error: &str) {
         let at = now();
-        update_slot(self.index, |s| s.set_error(error, at));
+        update_slot(self.slot, |s| s.set_error(error, at));
     }
 
     /// One wake-up: check the extension, publish until the backlog is drained, then retention.
@@ -331,6 +287,9 @@ impl Relay {
                 return Drain::Idle(Duration::ZERO);
             }
             reload_if_asked();
+            if self.index == 0 {
+                self.count_unpublished();
+            }
             match self.batch() {
                 Ok(BatchEnd::More) => continue,
                 Ok(BatchEnd::Drained) => break,
@@ -338,7 +297,7 @@ impl Relay {
                 Err(error) => {
                     // A SQL error (e.g. the extension was dropped): record it and retry after the poll interval.
                     self.record_error(&error);
-                    warning!("feature_outbox relay {}: {error}", self.index);
+                    warning!("{}: {error}", self.tag);
                     return Drain::Idle(poll_interval());
                 }
             }
@@ -346,6 +305,7 @@ impl Relay {
         if self.index == 0 {
             self.retention();
             self.advance_low_water();
+            self.count_unpublished();
         }
         self.set_state(WorkerState::Idle);
         let mut poll = poll_interval();
@@ -378,37 +338,50 @@ impl Relay {
     /// Ok when this database holds the extension at the library's own version. Otherwise the worker
     /// waits in a visible state, logged once per change of reason: the SQL it runs belongs to this
     /// library's release, and an older schema (new files installed, ALTER EXTENSION UPDATE not yet
-    /// run) must not be claimed or marked by it. CREATE EXTENSION and every upgrade script end by
-    /// waking the workers at commit, so they resume at once.
+    /// run) must not be claimed or marked by it. Every upgrade script ends by waking the workers at
+    /// commit, so they resume at once. Without the extension the worker leaves the database.
     fn schema_ready(&mut self) -> Result<(), Drain> {
+        let database = this_database();
+        let asked = RELAY.share().database(database).map_or(0, |d| d.looks_asked);
         let installed = in_transaction(|| {
             // One row always: get_one fails on none.
             kept_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')")
         })
         .and_then(|r| r);
-        // The reason is also recorded as the last error, where the backlog view shows it, unless the
-        // extension is simply not created here (nothing to relay then).
-        let (state, reason, is_error) = match installed {
-            Ok(Some(v)) if v == LIBRARY_VERSION => return Ok(()),
-            Ok(Some(v)) => (
-                WorkerState::WaitingForUpdate,
-                format!(
-                    "the schema is at version {v} and the library at {LIBRARY_VERSION}; waiting for ALTER EXTENSION feature_outbox UPDATE"
-                ),
-                true,
-            ),
-            Ok(None) => (
-                WorkerState::WaitingForExtension,
-                "extension feature_outbox is not created in this database yet; waiting".to_string(),
-                false,
-            ),
-            Err(e) => (WorkerState::WaitingForExtension, format!("cannot read pg_extension: {e}"), true),
+        let present = |presence: Presence| {
+            RELAY.exclusive().database_mut(database).map(|d| {
+                // A CREATE EXTENSION committed since this look began: the next worker 0 looks again.
+                let presence = if presence == Presence::Absent && d.looks_asked != asked { Presence::Unknown } else { presence };
+                std::mem::replace(&mut d.presence, presence)
+            })
+        };
+        // The reason is also recorded as the last error, where the backlog view shows it.
+        let (state, reason) = match installed {
+            Ok(Some(v)) if v == LIBRARY_VERSION => {
+                present(Presence::Present);
+                return Ok(());
+            }
+            Ok(Some(v)) => {
+                present(Presence::Present);
+                (
+                    WorkerState::WaitingForUpdate,
+                    format!("the schema is at version {v} and the library at {LIBRARY_VERSION}; waiting for ALTER EXTENSION feature_outbox UPDATE"),
+                )
+            }
+            Ok(None) => {
+                // No extension here: leave, so that the database holds no worker. Its CREATE
+                // EXTENSION asks the launcher for a new look (utility_hook.rs). A first look that
+                // finds none is the common case under `*`, and not logged.
+                if present(Presence::Absent) != Some(Presence::Probing) {
+                    log!("{}: extension feature_outbox is not in this database (any more); leaving it", self.tag);
+                }
+                exit_worker();
+            }
+            Err(e) => (WorkerState::Idle, format!("cannot read pg_extension: {e}")),
         };
         if self.waiting_logged.as_deref() != Some(reason.as_str()) {
-            log!("feature_outbox relay {}: {reason}", self.index);
-            if is_error {
-                self.record_error(&reason);
-            }
+            log!("{}: {reason}", self.tag);
+            self.record_error(&reason);
             self.waiting_logged = Some(reason);
         }
         self.set_state(state);
@@ -421,7 +394,7 @@ impl Relay {
         self.sink_failures += 1;
         self.record_error(error);
         if !self.sink_down_logged {
-            log!("feature_outbox relay {}: sink down, backing off: {error}", self.index);
+            log!("{}: sink down, backing off: {error}", self.tag);
             self.sink_down_logged = true;
         }
         let delay = backoff::delay(
@@ -443,6 +416,7 @@ impl Relay {
             nats_credentials_file: optional(settings::string(&settings::NATS_CREDENTIALS_FILE)),
             nats_nkey_file: optional(settings::string(&settings::NATS_NKEY_FILE)),
             http_secret: optional(settings::string(&settings::HTTP_SECRET)),
+            http_secret_file: optional(settings::string(&settings::HTTP_SECRET_FILE)),
             subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
             legacy_subjects: settings::SUBJECT_FORMAT.get() == settings::SubjectFormat::Legacy,
             subject_resolutions: settings::subject_resolutions(),
@@ -467,12 +441,12 @@ impl Relay {
         }
         if self.sink.as_ref().is_none_or(|(c, _)| *c != config) {
             self.sink = None;
-            let sink = Sink::connect(&config, &format!("feature_outbox relay {}", self.index))?;
+            let sink = Sink::connect(&config, &self.tag)?;
             if let Sink::Nats(nats) = &sink
                 && nats.limits_differ.is_some()
                 && nats.limits_differ != self.limits_logged
             {
-                log!("feature_outbox relay {}: {}", self.index, nats.limits_differ.as_deref().unwrap_or_default());
+                log!("{}: {}", self.tag, nats.limits_differ.as_deref().unwrap_or_default());
                 self.limits_logged = nats.limits_differ.clone();
             }
             self.sink = Some((config, sink));
@@ -487,7 +461,7 @@ impl Relay {
             // A batch claimed ahead waits for no backoff: the claim after it reads it afresh.
             self.prefetched = None;
             // No row was tried: count the connect attempt (a failed batch counts its rows instead).
-            update_slot(self.index, |s| s.failed_attempts += 1);
+            update_slot(self.slot, |s| s.failed_attempts += 1);
             self.connect_failed = true;
             return Ok(BatchEnd::SinkDown(e, None));
         }
@@ -497,12 +471,12 @@ impl Relay {
             self.advance_low_water();
         }
         let limit = settings::BATCH_SIZE.get() as i64;
-        let index = self.index;
+        let (slot, index, workers) = (self.slot, self.index, self.workers);
+        let tag = &self.tag;
         let prefetched = self.prefetched.take();
         let sink = &mut self.sink.as_mut().expect("connected above").1;
         let (result, next) = in_transaction(|| {
             Spi::connect_mut(|client| -> Result<(Published, Option<Built>), String> {
-                let workers = settings::RELAY_WORKERS.get().clamp(1, MAX_WORKERS as i32) as usize;
                 let batch = match prefetched {
                     Some(p) => p.relock(client)?,
                     None => Built::default(),
@@ -516,7 +490,7 @@ impl Relay {
                 } else {
                     batch
                 };
-                update_slot(index, |s| s.state = WorkerState::Publishing);
+                update_slot(slot, |s| s.state = WorkerState::Publishing);
                 // Claim, read and encode the next batch while this one is in flight (JetStream's
                 // PubAcks, HTTP's requests). It is claimed from the low-water mark, leaving out this
                 // batch's rows (SKIP LOCKED does not skip this transaction's own locks), and sent by
@@ -535,7 +509,7 @@ impl Relay {
                     }
                 });
                 let next = next.unwrap_or_else(|e| {
-                    warning!("feature_outbox relay {index}: claiming the next batch ahead failed, claiming it after this one: {e}");
+                    warning!("{tag}: claiming the next batch ahead failed, claiming it after this one: {e}");
                     None
                 });
                 crash_if_requested(&outcomes);
@@ -548,7 +522,7 @@ impl Relay {
         })
         .and_then(|r| r)?;
         if next.is_some() && !self.pipelined_logged {
-            log!("feature_outbox relay {index}: a backlog: claiming each next batch while the last one is in flight");
+            log!("{}: a backlog: claiming each next batch while the last one is in flight", self.tag);
             self.pipelined_logged = true;
         }
         self.prefetched = next;
@@ -563,7 +537,7 @@ impl Relay {
 
     fn account(&mut self, p: &Published) {
         let at = now();
-        update_slot(self.index, |s| {
+        update_slot(self.slot, |s| {
             s.relayed_rows += p.delivered_by_type.iter().sum::<i64>();
             for (total, n) in s.relayed_by_type.iter_mut().zip(p.delivered_by_type) {
                 *total += n;
@@ -584,14 +558,37 @@ impl Relay {
             self.retries_pending = true;
         }
         for (id, why, error) in &p.parked {
-            log!("feature_outbox relay {}: outbox row {id} parked {why}: {error}", self.index);
+            log!("{}: outbox row {id} parked {why}: {error}", self.tag);
         }
         if p.sink_error.is_none() && p.claimed > 0 {
             if self.sink_down_logged {
-                log!("feature_outbox relay {}: sink back, publishing again", self.index);
+                log!("{}: sink back, publishing again", self.tag);
             }
             self.sink_down_logged = false;
             self.sink_failures = 0;
+        }
+    }
+
+    /// Worker 0: counts this database's unpublished rows (neither published nor parked) for
+    /// relay_databases, which cannot connect to each database; at most every COUNT_EVERY.
+    fn count_unpublished(&mut self) {
+        if self.counted_at.is_some_and(|t| t.elapsed() < COUNT_EVERY) {
+            return;
+        }
+        self.counted_at = Some(Instant::now());
+        let counted = in_transaction(|| {
+            kept_one::<i64>(&format!(
+                "SELECT count(*) FROM (SELECT FROM feature_outbox.outbox WHERE published_at IS NULL AND parked_at IS NULL
+                    AND id >= feature_outbox._relay_low_water() LIMIT {COUNT_CAP}) AS unpublished"
+            ))
+        })
+        .and_then(|r| r);
+        if let Ok(Some(n)) = counted {
+            let at = now();
+            if let Some(d) = RELAY.exclusive().database_mut(this_database()) {
+                d.unpublished = n;
+                d.unpublished_at = at;
+            }
         }
     }
 
@@ -604,7 +601,7 @@ impl Relay {
             return;
         }
         if let Err(e) = in_transaction(|| low_water.advance()).and_then(|r| r) {
-            warning!("feature_outbox relay {}: low-water mark: {e}", self.index);
+            warning!("{}: low-water mark: {e}", self.tag);
         }
     }
 

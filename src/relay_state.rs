@@ -1,5 +1,6 @@
-//! Relay state in shared memory: one slot per worker, read by the monitoring views and written by
-//! the workers, so the figures stay right while a worker is stuck. Also the commit-time wake-up.
+//! Relay state in shared memory: one slot per worker process and one entry per database the
+//! launcher serves, read by the monitoring views and written by the launcher and the workers, so the
+//! figures stay right while a worker is stuck. Also the commit-time wake-ups.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -8,8 +9,14 @@ use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 use pgrx::{PgXactCallbackEvent, pg_shmem_init, pg_sys, register_xact_callback};
 
+/// Relay workers per database (feature_outbox.relay_workers).
 pub const MAX_WORKERS: usize = 32;
+/// Relay worker processes in the cluster, all databases together.
+pub const MAX_SLOTS: usize = 128;
+/// Databases the launcher keeps an entry for at once.
+pub const MAX_DATABASES: usize = 64;
 const ERROR_LEN: usize = 240;
+const NAME_LEN: usize = 64;
 pub const EVENT_TYPES: [&str; 5] = ["created", "moved", "retired", "updated", "snapshot"];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -19,9 +26,9 @@ pub enum WorkerState {
     Idle = 1,
     Publishing = 2,
     BackingOff = 3,
-    WaitingForExtension = 4,
-    WaitingForDatabase = 5,
-    WaitingForUpdate = 6,
+    WaitingForUpdate = 4,
+    /// Registered by the launcher, not yet connected.
+    Starting = 5,
 }
 
 impl WorkerState {
@@ -31,15 +38,20 @@ impl WorkerState {
             WorkerState::Idle => "idle",
             WorkerState::Publishing => "publishing",
             WorkerState::BackingOff => "backing off",
-            WorkerState::WaitingForExtension => "waiting for extension",
-            WorkerState::WaitingForDatabase => "waiting for database",
             WorkerState::WaitingForUpdate => "waiting for ALTER EXTENSION UPDATE",
+            WorkerState::Starting => "starting",
         }
     }
 }
 
 #[derive(Clone, Copy)]
 pub struct Slot {
+    /// Taken by the launcher for a worker it registers; freed when that worker exits (or never started).
+    pub claimed: bool,
+    /// The database the worker serves, its index (0 .. workers - 1) and the count it partitions by.
+    pub database: u32,
+    pub index: u16,
+    pub workers: u16,
     pub pid: i32,
     /// Address of the worker's process latch: shared memory, mapped at the same address everywhere.
     pub latch: usize,
@@ -54,13 +66,15 @@ pub struct Slot {
     /// True from an error until the worker next works without one (the sink is back): the backlog
     /// view shows only current errors, the workers view the last one either way.
     pub error_active: bool,
-    /// When this slot's worker last tried to connect to its database, cleared once connected.
-    pub connect_attempt_at: pg_sys::TimestampTz,
 }
 
 impl Default for Slot {
     fn default() -> Self {
         Slot {
+            claimed: false,
+            database: 0,
+            index: 0,
+            workers: 0,
             pid: 0,
             latch: 0,
             state: WorkerState::Stopped,
@@ -72,36 +86,70 @@ impl Default for Slot {
             last_error_at: 0,
             last_error: [0; ERROR_LEN],
             error_active: false,
-            connect_attempt_at: 0,
         }
     }
+}
+
+/// A NUL-padded text in shared memory; None when empty.
+fn read_text(buf: &[u8]) -> Option<String> {
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    (end > 0).then(|| String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// Stores `text`, cut on a char boundary so that it stays valid UTF-8, leaving room for a NUL.
+fn write_text(buf: &mut [u8], text: &str) {
+    let mut end = text.len().min(buf.len() - 1);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf.fill(0);
+    buf[..end].copy_from_slice(&text.as_bytes()[..end]);
 }
 
 impl Slot {
     pub fn error_text(&self) -> Option<String> {
-        let end = self.last_error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
-        (end > 0).then(|| String::from_utf8_lossy(&self.last_error[..end]).into_owned())
+        read_text(&self.last_error)
     }
 
     pub fn set_error(&mut self, text: &str, at: pg_sys::TimestampTz) {
-        // Truncate on a char boundary so the stored text stays valid UTF-8.
-        let mut end = text.len().min(ERROR_LEN - 1);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.last_error = [0; ERROR_LEN];
-        self.last_error[..end].copy_from_slice(&text.as_bytes()[..end]);
+        write_text(&mut self.last_error, text);
         self.last_error_at = at;
         self.error_active = true;
     }
+
+    /// Running or about to: a process holds, or will hold, this slot for `database`.
+    pub fn serves(&self, database: u32) -> bool {
+        self.claimed && self.database == database
+    }
 }
 
-#[derive(Clone, Copy, Default)]
-pub struct RelayShared {
-    pub slots: [Slot; MAX_WORKERS],
-    /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
-    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
-    pub crash_after_next_publish: bool,
+/// Whether a served database holds the extension, as its worker 0 last found when it connected.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Presence {
+    /// Not looked yet, or asked to look again (CREATE EXTENSION committed there).
+    Unknown = 0,
+    /// Worker 0 is connecting to look.
+    Probing = 1,
+    Present = 2,
+    Absent = 3,
+}
+
+/// One database the launcher serves: named by feature_outbox.database (or every one, `*`), allowing
+/// connections and no template.
+#[derive(Clone, Copy)]
+pub struct Database {
+    /// 0: a free entry.
+    pub oid: u32,
+    name: [u8; NAME_LEN],
+    pub presence: Presence,
+    /// Utility commands (DROP DATABASE, ...) now running on it: no worker may connect.
+    pub paused: u16,
+    paused_for: [u8; 32],
+    /// Its settings changed (ALTER DATABASE ... SET): the launcher restarts its workers.
+    pub restart: bool,
+    /// Bumped by each CREATE EXTENSION commit there: a look that began before one looks again.
+    pub looks_asked: u32,
     /// The claim's low-water mark: every outbox row with a lower id is published or parked, and no
     /// transaction that could still add one below it is running (see low_water.rs). 0 = unknown.
     pub low_water: i64,
@@ -110,9 +158,117 @@ pub struct RelayShared {
     /// Bumped whenever rows below the mark may have become claimable again (retry_parked): a mark
     /// computed before that is discarded.
     pub low_water_generation: u64,
+    /// Rows neither published nor parked, as worker 0 last counted them, and when.
+    pub unpublished: i64,
+    pub unpublished_at: pg_sys::TimestampTz,
+    /// The launcher's error for this database (a worker it could not start), while it lasts.
+    error: [u8; ERROR_LEN],
+    pub error_at: pg_sys::TimestampTz,
+}
+
+impl Default for Database {
+    fn default() -> Self {
+        Database {
+            oid: 0,
+            name: [0; NAME_LEN],
+            presence: Presence::Unknown,
+            paused: 0,
+            paused_for: [0; 32],
+            restart: false,
+            looks_asked: 0,
+            low_water: 0,
+            low_water_relid: 0,
+            low_water_generation: 0,
+            unpublished: 0,
+            unpublished_at: 0,
+            error: [0; ERROR_LEN],
+            error_at: 0,
+        }
+    }
+}
+
+impl Database {
+    pub fn new(oid: u32, name: &str) -> Self {
+        let mut d = Database { oid, ..Default::default() };
+        d.set_name(name);
+        d
+    }
+    pub fn name(&self) -> String {
+        read_text(&self.name).unwrap_or_default()
+    }
+    pub fn set_name(&mut self, name: &str) {
+        write_text(&mut self.name, name);
+    }
+    pub fn paused_for(&self) -> Option<String> {
+        (self.paused > 0).then(|| read_text(&self.paused_for).unwrap_or_default())
+    }
+    pub fn set_paused_for(&mut self, command: &str) {
+        write_text(&mut self.paused_for, command);
+    }
+    pub fn error(&self) -> Option<String> {
+        read_text(&self.error)
+    }
+    pub fn set_error(&mut self, error: Option<&str>) {
+        match error {
+            Some(e) => {
+                write_text(&mut self.error, e);
+                self.error_at = now();
+            }
+            None => {
+                self.error.fill(0);
+                self.error_at = 0;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct RelayShared {
+    pub slots: [Slot; MAX_SLOTS],
+    pub databases: [Database; MAX_DATABASES],
+    /// The launcher's process latch (0 while none runs): set to make it look at once.
+    pub launcher_latch: usize,
+    pub launcher_pid: i32,
+    /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub crash_after_next_publish: bool,
+}
+
+impl Default for RelayShared {
+    fn default() -> Self {
+        RelayShared {
+            slots: [Slot::default(); MAX_SLOTS],
+            databases: [Database::default(); MAX_DATABASES],
+            launcher_latch: 0,
+            launcher_pid: 0,
+            crash_after_next_publish: false,
+        }
+    }
+}
+
+impl RelayShared {
+    pub fn database(&self, oid: u32) -> Option<&Database> {
+        self.databases.iter().find(|d| d.oid == oid && oid != 0)
+    }
+    pub fn database_mut(&mut self, oid: u32) -> Option<&mut Database> {
+        self.databases.iter_mut().find(|d| d.oid == oid && oid != 0)
+    }
 }
 
 unsafe impl PGRXSharedMemory for RelayShared {}
+
+/// The current database's OID.
+pub fn this_database() -> u32 {
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// Sets the launcher's latch, so that it looks at the databases now rather than at its next tick.
+pub fn wake_launcher() {
+    let latch = RELAY.share().launcher_latch;
+    if latch != 0 {
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
 
 pub static RELAY: PgLwLock<RelayShared> = unsafe { PgLwLock::new(c"feature_outbox_relay") };
 static READY: AtomicBool = AtomicBool::new(false);
@@ -209,9 +365,8 @@ pub fn low_water() -> i64 {
     if !ready() {
         return 0;
     }
-    let (mark, relid) = {
-        let shared = RELAY.share();
-        (shared.low_water, shared.low_water_relid)
+    let Some((mark, relid)) = RELAY.share().database(this_database()).map(|d| (d.low_water, d.low_water_relid)) else {
+        return 0;
     };
     if mark > 0 && relid == outbox_relid() { mark } else { 0 }
 }
@@ -232,9 +387,10 @@ pub fn outbox_relid() -> u32 {
 #[pg_extern(volatile, parallel_unsafe)]
 fn _relay_low_water_reset() {
     once_at_commit(&RESET_REGISTERED, || {
-        let mut shared = RELAY.exclusive();
-        shared.low_water = 0;
-        shared.low_water_generation += 1;
+        if let Some(d) = RELAY.exclusive().database_mut(this_database()) {
+            d.low_water = 0;
+            d.low_water_generation += 1;
+        }
     });
 }
 
@@ -242,17 +398,16 @@ fn wake_all() {
     wake(u32::MAX);
 }
 
-/// Sets the latches of the workers in `mask` (bit = worker index).
+/// Sets the latches of this database's workers in `mask` (bit = worker index).
 fn wake(mask: u32) {
     // A worker backing off after a sink failure sleeps its backoff out whatever commits (relay.rs,
     // sleep_for): waking it would cost every commit a signal and the worker a wake-up for nothing.
+    let database = this_database();
     let latches: Vec<usize> = RELAY
         .share()
         .slots
         .iter()
-        .enumerate()
-        .filter(|(i, s)| mask & (1u32 << i) != 0 && s.pid != 0 && s.latch != 0 && s.state != WorkerState::BackingOff)
-        .map(|(_, s)| s)
+        .filter(|s| s.serves(database) && mask & (1u32 << s.index) != 0 && s.pid != 0 && s.latch != 0 && s.state != WorkerState::BackingOff)
         .map(|s| s.latch)
         .collect();
     for latch in latches {

@@ -51,7 +51,7 @@ pub static INVALID_GEOMETRY: GucSetting<InvalidGeometry> = GucSetting::<InvalidG
 pub static RELAY_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static WAKE_AT_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static DDL_GUARD: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"*"));
 pub static ENDPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -61,6 +61,7 @@ pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static RETRY_BACKOFF_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static RETRY_BACKOFF_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 pub static HTTP_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static HTTP_SECRET_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TLS_CA_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static NATS_SUBJECT_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"features"));
 pub static NATS_STREAM: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"FEATURES"));
@@ -164,7 +165,7 @@ pub fn init() {
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         GucRegistry::define_int_guc(
             c"feature_outbox.relay_workers",
-            c"Number of relay background workers (0-32). Each counts against max_worker_processes.",
+            c"Relay background workers per served database (0-32). Each counts against max_worker_processes.",
             c"0 starts no relay.",
             &RELAY_WORKERS,
             0,
@@ -174,8 +175,8 @@ pub fn init() {
         );
         GucRegistry::define_string_guc(
             c"feature_outbox.database",
-            c"Database whose outbox the relay workers publish.",
-            c"",
+            c"Databases whose outboxes the relay publishes: * (every one that has the extension), one name, or a comma-separated list.",
+            c"Templates and databases that allow no connections are never served.",
             &DATABASE,
             GucContext::Postmaster,
             GucFlags::default(),
@@ -197,30 +198,32 @@ pub fn init() {
     sighup(c"feature_outbox.http_concurrency", c"Webhook requests a relay worker keeps in flight, over as many keep-alive connections.", &HTTP_CONCURRENCY, 1, 256, GucFlags::default());
     sighup(c"feature_outbox.http_batch", c"Events per webhook request; above 1 the body is a JSON array (CloudEvents batch format under the cloudevents envelope).", &HTTP_BATCH, 1, 10_000, GucFlags::default());
     sighup(c"feature_outbox.http_max_body", c"Largest webhook body; a larger event is parked at once.", &HTTP_MAX_BODY_KB, 1, 1024 * 1024, GucFlags::UNIT_KB);
-    let string = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
-        GucRegistry::define_string_guc(name, short, c"", setting, GucContext::Sighup, GucFlags::default())
+    // The sink settings are superuser-settable (Suset), so that ALTER DATABASE ... SET can give each
+    // database its own; the relay workers read them when they connect and on reload.
+    let per_database = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
+        GucRegistry::define_string_guc(name, short, c"Superuser-settable, also per database.", setting, GucContext::Suset, GucFlags::default())
     };
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.endpoint",
             c"Sink URL: nats://, tls:// (NATS JetStream) or http://, https:// (webhook).",
-            c"Credentials in the URL are shown to superusers only.",
+            c"Credentials in the URL are shown to superusers only, and refused per database or role.",
             &ENDPOINT,
-            GucContext::Sighup,
+            GucContext::Suset,
             GucFlags::SUPERUSER_ONLY,
-            None,
+            Some(check_endpoint),
             None,
             Some(show_endpoint),
         );
     }
-    string(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
+    per_database(c"feature_outbox.tls_ca_file", c"PEM file of a private CA: added to the system roots for NATS, replaces the built-in roots for HTTPS.", &TLS_CA_FILE);
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.nats_subject_prefix",
             c"First subject tokens: <prefix>.<layer>.<event_type>.<parent cells>.<routing_key>.",
             c"One or more dot-separated tokens without whitespace, control characters, * or >.",
             &NATS_SUBJECT_PREFIX,
-            GucContext::Sighup,
+            GucContext::Suset,
             GucFlags::default(),
             Some(check_prefix),
             None,
@@ -231,7 +234,7 @@ pub fn init() {
             c"A NATS .creds file (user JWT and NKey seed), as NGS, Synadia Cloud and operator mode hand them out.",
             c"Read by the relay workers; only the postgres OS user needs to read the file. SQL never shows its content.",
             &NATS_CREDENTIALS_FILE,
-            GucContext::Sighup,
+            GucContext::Suset,
             GucFlags::SUPERUSER_ONLY,
             None,
             None,
@@ -242,7 +245,7 @@ pub fn init() {
             c"A file holding a NATS user NKey seed (SU...), for servers that authenticate by nkey.",
             c"Read by the relay workers; SQL never shows its content.",
             &NATS_NKEY_FILE,
-            GucContext::Sighup,
+            GucContext::Suset,
             GucFlags::SUPERUSER_ONLY,
             None,
             None,
@@ -270,14 +273,14 @@ pub fn init() {
             None,
         );
     }
-    string(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
+    per_database(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.nats_object_bucket",
             c"JetStream Object Store bucket for geometries of events over the server's max_payload.",
             c"Letters, digits, - and _ (the NATS rule for bucket names).",
             &NATS_OBJECT_BUCKET,
-            GucContext::Sighup,
+            GucContext::Suset,
             GucFlags::default(),
             Some(check_bucket),
             None,
@@ -288,13 +291,24 @@ pub fn init() {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.http_secret",
             c"Standard Webhooks signing secret (whsec_<base64>); shown to superusers only.",
-            c"",
+            c"Not per database or role: pg_db_role_setting is readable by every role. Use http_secret_file there.",
             &HTTP_SECRET,
-            GucContext::Sighup,
+            GucContext::Suset,
+            GucFlags::SUPERUSER_ONLY,
+            Some(check_secret),
+            None,
+            Some(show_secret),
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.http_secret_file",
+            c"A file holding the Standard Webhooks signing secret (whsec_<base64>); used instead of http_secret when set.",
+            c"Read by the relay workers when they connect to the sink; SQL never shows its content. Can be set per database.",
+            &HTTP_SECRET_FILE,
+            GucContext::Suset,
             GucFlags::SUPERUSER_ONLY,
             None,
             None,
-            Some(show_secret),
+            None,
         );
     }
 }
@@ -384,6 +398,49 @@ unsafe extern "C-unwind" fn check_bucket(newval: *mut *mut std::ffi::c_char, _ex
     }
 }
 
+/// True for a value about to be stored in, or read from, pg_db_role_setting (ALTER DATABASE/ROLE ...
+/// SET, checked with source PGC_S_TEST) or a function's SET clause, which every role can read.
+fn stored_per_database(source: pg_sys::GucSource::Type) -> bool {
+    use pg_sys::GucSource::*;
+    matches!(source, PGC_S_TEST | PGC_S_GLOBAL | PGC_S_DATABASE | PGC_S_USER | PGC_S_DATABASE_USER)
+}
+
+/// True when one of the comma-separated URLs carries user-info (user:password@ or token@).
+pub fn has_credentials(urls: &str) -> bool {
+    urls.split(',').any(|url| matches!((url.find("://"), url.rfind('@')), (Some(s), Some(at)) if at > s))
+}
+
+/// Refuses an endpoint with credentials in it per database or role (22023): every role can read
+/// pg_db_role_setting.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_endpoint(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, source: pg_sys::GucSource::Type) -> bool {
+    unsafe {
+        check_string(newval, |v| {
+            if stored_per_database(source) && has_credentials(v) {
+                return Err("Per database or role, feature_outbox.endpoint must not carry credentials: pg_db_role_setting is readable by every role. \
+                            Use feature_outbox.nats_credentials_file or nats_nkey_file, or set the endpoint in postgresql.conf."
+                    .into());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Refuses the webhook secret per database or role (22023): use http_secret_file there.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_secret(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, source: pg_sys::GucSource::Type) -> bool {
+    unsafe {
+        check_string(newval, |v| {
+            if stored_per_database(source) && !v.is_empty() {
+                return Err("feature_outbox.http_secret cannot be set per database or role: pg_db_role_setting is readable by every role. \
+                            Use feature_outbox.http_secret_file there."
+                    .into());
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Masks `http_secret` for everyone but superusers, including pg_read_all_settings members.
 #[pg_guard]
 unsafe extern "C-unwind" fn show_secret() -> *const std::ffi::c_char {
@@ -462,6 +519,13 @@ mod tests {
         for bad in ["5,3", "3,3", "16", "-1", "3,,5", "a", "3;5"] {
             assert!(super::parse_resolutions(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn credentials_in_any_url_are_found() {
+        assert!(super::has_credentials("nats://a:4222,nats://u:p@b:4222"));
+        assert!(super::has_credentials("https://tok@h/hook"));
+        assert!(!super::has_credentials("nats://a:4222,nats://b:4222"));
     }
 
     #[test]

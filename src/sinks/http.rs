@@ -67,11 +67,19 @@ impl HttpSink {
             .build()
             .into();
         let shown_url = crate::settings::redact_urls(config.endpoint.split('?').next().unwrap_or_default());
+        let secret = match &config.http_secret_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map(|s| s.trim().to_string())
+                    .map_err(|e| format!("feature_outbox.http_secret_file \"{path}\": {e}"))?,
+            ),
+            None => config.http_secret.clone(),
+        };
         Ok(HttpSink {
             agent,
             url: config.endpoint.clone(),
             shown_url,
-            secret: config.http_secret.clone(),
+            secret,
             timeout: config.publish_timeout,
             max_body: config.http_max_body,
             envelope: config.envelope,
@@ -204,7 +212,8 @@ impl HttpSink {
             .header("Content-Type", content_type)
             .header("webhook-id", &id)
             .header("Idempotency-Key", &id)
-            .header("webhook-timestamp", timestamp.to_string());
+            .header("webhook-timestamp", timestamp.to_string())
+            .header(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(&self.database));
         // A batch has one trace context when its events share it; under cloudevents each event
         // carries its own as attributes.
         let shared_trace = || request.rows.iter().all(|&i| rows[i].traceparent == first.traceparent && rows[i].tracestate == first.tracestate);
@@ -284,6 +293,7 @@ mod tests {
             nats_credentials_file: None,
             nats_nkey_file: None,
             http_secret: None,
+            http_secret_file: None,
             subject_prefix: "features".into(),
             legacy_subjects: false,
             subject_resolutions: vec![],

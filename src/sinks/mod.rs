@@ -19,6 +19,8 @@ pub struct SinkConfig {
     /// feature_outbox.nats_nkey_file: a file holding a user NKey seed.
     pub nats_nkey_file: Option<String>,
     pub http_secret: Option<String>,
+    /// feature_outbox.http_secret_file: read at connect, used instead of http_secret.
+    pub http_secret_file: Option<String>,
     pub subject_prefix: String,
     /// feature_outbox.subject_format = '0.1': the built-in layer keeps its 0.1.0 subjects.
     pub legacy_subjects: bool,

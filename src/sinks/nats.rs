@@ -409,6 +409,7 @@ fn headers(envelope: Envelope, database: &str, prefix: &str, row: &Row, message:
     let mut h = HeaderMap::new();
     h.insert("Feature-Id", row.key().as_str());
     h.insert("Feature-Version", row.feature_version.to_string().as_str());
+    h.insert(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(database).as_str());
     if let Some(prev) = &row.previous_routing_key {
         h.insert("Previous-Routing-Key", prev.as_str());
     }

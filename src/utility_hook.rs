@@ -1,0 +1,248 @@
+//! A ProcessUtility hook, so that the relay never stands in the way of its databases' utility
+//! commands, and hears at once of the ones that change what it serves.
+//!
+//! `DROP DATABASE`, `ALTER DATABASE ... RENAME` and `... SET TABLESPACE`, and `CREATE DATABASE ...
+//! TEMPLATE` need the database without other sessions: PostgreSQL waits 5 s for them to leave, and
+//! terminates only autovacuum. So the hook pauses the database first: its workers get SIGTERM, the
+//! launcher starts none until the command's transaction ends, and the hook waits (at most PAUSE_WAIT)
+//! until they have left. TimescaleDB's launcher does the same for DROP DATABASE.
+//!
+//! At commit, `CREATE EXTENSION feature_outbox` asks the launcher to look at the database again,
+//! `DROP EXTENSION` sends its workers away, and `ALTER DATABASE/ROLE ... SET feature_outbox.*`
+//! restarts them: a worker reads pg_db_role_setting only when it connects.
+
+use std::ffi::CStr;
+use std::time::{Duration, Instant};
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::{PgList, PgXactCallbackEvent, register_xact_callback};
+
+use crate::relay_state::{Presence, RELAY, this_database, wake_launcher};
+
+/// The longest a command waits for the workers of its database to leave.
+const PAUSE_WAIT: Duration = Duration::from_secs(2);
+
+static mut PREVIOUS: pg_sys::ProcessUtility_hook_type = None;
+
+/// Installs the hook. Called from `_PG_init` while preloading, so every backend has it.
+pub fn init() {
+    unsafe {
+        PREVIOUS = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
+    }
+}
+
+/// What a utility statement means for the relay.
+enum Effect {
+    /// Needs database `name` without other sessions.
+    Pause { name: String, command: &'static str },
+    ExtensionCreated,
+    ExtensionDropped,
+    /// feature_outbox settings of one database, or of every one (ALTER ROLE without IN DATABASE).
+    SettingsChanged(Option<String>),
+}
+
+unsafe fn text(p: *const std::ffi::c_char) -> Option<String> {
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// The value of option `name` in a statement's DefElem list.
+unsafe fn option(options: *mut pg_sys::List, name: &str) -> Option<String> {
+    let options = unsafe { PgList::<pg_sys::DefElem>::from_pg(options) };
+    options
+        .iter_ptr()
+        .find(|d| unsafe { text((**d).defname) }.as_deref() == Some(name) && !unsafe { (**d).arg }.is_null())
+        .and_then(|d| unsafe { text(pg_sys::defGetString(d)) })
+}
+
+/// True for SET/RESET of a feature_outbox setting, and for RESET ALL.
+unsafe fn ours(set: *mut pg_sys::VariableSetStmt) -> bool {
+    if set.is_null() {
+        return false;
+    }
+    match unsafe { text((*set).name) } {
+        None => true,
+        Some(name) => name.starts_with("feature_outbox."),
+    }
+}
+
+unsafe fn effect(node: *mut pg_sys::Node) -> Option<Effect> {
+    if node.is_null() {
+        return None;
+    }
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_DropdbStmt => {
+                text((*(node as *mut pg_sys::DropdbStmt)).dbname).map(|name| Effect::Pause { name, command: "DROP DATABASE" })
+            }
+            pg_sys::NodeTag::T_RenameStmt => {
+                let s = node as *mut pg_sys::RenameStmt;
+                ((*s).renameType == pg_sys::ObjectType::OBJECT_DATABASE)
+                    .then(|| text((*s).subname))
+                    .flatten()
+                    .map(|name| Effect::Pause { name, command: "ALTER DATABASE RENAME" })
+            }
+            pg_sys::NodeTag::T_AlterDatabaseStmt => {
+                let s = node as *mut pg_sys::AlterDatabaseStmt;
+                option((*s).options, "tablespace")
+                    .and_then(|_| text((*s).dbname))
+                    .map(|name| Effect::Pause { name, command: "ALTER DATABASE SET TABLESPACE" })
+            }
+            pg_sys::NodeTag::T_CreatedbStmt => {
+                option((*(node as *mut pg_sys::CreatedbStmt)).options, "template").map(|name| Effect::Pause { name, command: "CREATE DATABASE TEMPLATE" })
+            }
+            pg_sys::NodeTag::T_CreateExtensionStmt => {
+                (text((*(node as *mut pg_sys::CreateExtensionStmt)).extname).as_deref() == Some("feature_outbox")).then_some(Effect::ExtensionCreated)
+            }
+            pg_sys::NodeTag::T_DropStmt => {
+                let s = node as *mut pg_sys::DropStmt;
+                let ours = (*s).removeType == pg_sys::ObjectType::OBJECT_EXTENSION
+                    && PgList::<pg_sys::Node>::from_pg((*s).objects)
+                        .iter_ptr()
+                        .any(|o| text((*(o as *mut pg_sys::String)).sval).as_deref() == Some("feature_outbox"));
+                ours.then_some(Effect::ExtensionDropped)
+            }
+            pg_sys::NodeTag::T_AlterDatabaseSetStmt => {
+                let s = node as *mut pg_sys::AlterDatabaseSetStmt;
+                ours((*s).setstmt).then(|| Effect::SettingsChanged(text((*s).dbname)))
+            }
+            pg_sys::NodeTag::T_AlterRoleSetStmt => {
+                let s = node as *mut pg_sys::AlterRoleSetStmt;
+                ours((*s).setstmt).then(|| Effect::SettingsChanged(text((*s).database)))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    let effect = if crate::relay_state::ready() { unsafe { effect((*pstmt).utilityStmt) } } else { None };
+    if let Some(Effect::Pause { name, command }) = &effect {
+        pause(name, command);
+    }
+    unsafe {
+        match PREVIOUS {
+            Some(previous) => previous(pstmt, query, read_only_tree, context, params, env, dest, qc),
+            None => pg_sys::standard_ProcessUtility(pstmt, query, read_only_tree, context, params, env, dest, qc),
+        }
+    }
+    match effect {
+        Some(Effect::ExtensionCreated) => at_commit(|| look_again(this_database())),
+        Some(Effect::ExtensionDropped) => at_commit(|| leave(this_database())),
+        // The oid now: a commit callback may not read the catalog.
+        Some(Effect::SettingsChanged(None)) => at_commit(|| restart(None)),
+        Some(Effect::SettingsChanged(Some(name))) => {
+            if let Some(oid) = oid_of(&name) {
+                at_commit(move || restart(Some(oid)));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at_commit(f: impl FnOnce() + std::panic::UnwindSafe + std::panic::RefUnwindSafe + 'static) {
+    register_xact_callback(PgXactCallbackEvent::Commit, f);
+}
+
+fn oid_of(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
+    let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
+    (oid != pg_sys::InvalidOid).then(|| oid.to_u32())
+}
+
+/// The pids of `database`'s workers, and whether any slot still serves it.
+fn workers_of(database: u32) -> (Vec<i32>, bool) {
+    let shared = RELAY.share();
+    let serving: Vec<_> = shared.slots.iter().filter(|s| s.serves(database)).collect();
+    (serving.iter().filter(|s| s.pid != 0).map(|s| s.pid).collect(), !serving.is_empty())
+}
+
+fn terminate(pids: &[i32]) {
+    for pid in pids {
+        unsafe { libc::kill(*pid, libc::SIGTERM) };
+    }
+}
+
+/// Pauses database `name` until this transaction ends, and waits until its workers have left.
+fn pause(name: &str, command: &'static str) {
+    let Some(database) = oid_of(name) else { return };
+    {
+        let mut shared = RELAY.exclusive();
+        let Some(d) = shared.database_mut(database) else { return };
+        d.paused += 1;
+        d.set_paused_for(command);
+    }
+    let resume = move || {
+        if let Some(d) = RELAY.exclusive().database_mut(database) {
+            d.paused = d.paused.saturating_sub(1);
+        }
+        wake_launcher();
+    };
+    register_xact_callback(PgXactCallbackEvent::Commit, resume);
+    register_xact_callback(PgXactCallbackEvent::Abort, resume);
+    let started = Instant::now();
+    loop {
+        let (pids, serving) = workers_of(database);
+        if !serving {
+            break;
+        }
+        if started.elapsed() >= PAUSE_WAIT {
+            warning!("feature_outbox: relay workers of database \"{name}\" did not leave within {PAUSE_WAIT:?}; {command} may wait for them");
+            break;
+        }
+        // Again each round: a worker registered just before the pause gets its pid only now.
+        terminate(&pids);
+        unsafe {
+            pg_sys::pg_usleep(10_000);
+            pg_sys::check_for_interrupts!();
+        }
+    }
+}
+
+/// CREATE EXTENSION committed in `database`: the launcher looks there again.
+fn look_again(database: u32) {
+    if let Some(d) = RELAY.exclusive().database_mut(database) {
+        d.looks_asked = d.looks_asked.wrapping_add(1);
+        if d.presence == Presence::Absent {
+            d.presence = Presence::Unknown;
+        }
+    }
+    wake_launcher();
+}
+
+/// DROP EXTENSION committed in `database`: its workers leave, and none comes back until a CREATE.
+fn leave(database: u32) {
+    {
+        let mut shared = RELAY.exclusive();
+        let Some(d) = shared.database_mut(database) else { return };
+        d.presence = Presence::Absent;
+    }
+    let (pids, _) = workers_of(database);
+    if !pids.is_empty() {
+        log!("feature_outbox: extension feature_outbox dropped; its relay workers leave this database");
+    }
+    terminate(&pids);
+}
+
+/// Settings of one database (or of every one, `None`) changed: the launcher restarts its workers.
+fn restart(database: Option<u32>) {
+    {
+        let mut shared = RELAY.exclusive();
+        for d in shared.databases.iter_mut().filter(|d| d.oid != 0 && database.is_none_or(|oid| d.oid == oid)) {
+            d.restart = true;
+        }
+    }
+    wake_launcher();
+}
