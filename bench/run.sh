@@ -6,7 +6,8 @@
 #      history, worker memory (BENCH_REPEATS, BENCH_BACKLOG, BENCH_LATENCY_SECONDS);
 #   2. bench/pressure_bench.py: relay and backlog with and without a long transaction;
 #   3. bench/backfill_bench.py: backfill() of 100,000 features beside two editors, appended to
-#      bench/RESULTS.md as its section 7.
+#      bench/RESULTS.md as its section 7;
+#   4. bench/databases_bench.py: 3 databases x 1 worker beside 1 database x 3 workers, section 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
@@ -15,3 +16,4 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 "$PY" bench/results.py
 "$PY" bench/pressure_bench.py
 { printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a "$OUT"
+{ printf '\n## 8. Many databases: 3 databases x 1 worker beside 1 database x 3 workers\n\n'; "$PY" bench/databases_bench.py; } | tee -a "$OUT"

@@ -229,7 +229,7 @@ def test_an_event_over_http_max_body_parks_at_once_and_the_backlog_says_so(clust
         b = one(c, "gis", "SELECT * FROM feature_outbox.backlog")
         assert b["parked_rows"] == 1 and b["oldest_parked_age"].total_seconds() >= 1
         metrics = one(c, "gis", "SELECT feature_outbox.metrics() AS m")["m"]
-        age = float(re.search(r"^outbox_oldest_parked_age_seconds (\S+)$", metrics, re.M)[1])
+        age = float(re.search(r"^outbox_oldest_parked_age_seconds\{database=\"gis\"\} (\S+)$", metrics, re.M)[1])
         assert age >= 1
     finally:
         receiver.close()

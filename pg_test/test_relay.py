@@ -109,9 +109,9 @@ def pause_relay(c):
 
 def test_missing_database_is_logged_and_retried_slowly(relay):
     log = relay.missing_db_log
-    assert 'database "relay" does not exist (see feature_outbox.database); waiting for CREATE DATABASE' in log
-    # One failed connect at start; after that the worker reads pg_database instead of connecting.
-    assert log.count('FATAL:  database "relay" does not exist') <= 1
+    assert 'feature_outbox launcher: database "relay" does not exist (see feature_outbox.database); it is served once it is created' in log
+    # The launcher reads pg_database: no worker tries to connect to a database that is not there.
+    assert 'FATAL:  database "relay" does not exist' not in log
 
 
 def test_worker_is_visible_in_pg_stat_activity(relay):
@@ -531,7 +531,7 @@ def test_http_secret_is_masked_for_non_superusers(relay, nats_server):
             conn.execute("SELECT feature_outbox.retry_parked()")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("ALTER SYSTEM SET feature_outbox.endpoint = 'http://attacker'")
-        with pytest.raises(psycopg.errors.CantChangeRuntimeParam):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # a superuser setting (per database for them)
             conn.execute("SET feature_outbox.endpoint = 'http://attacker'")
     with relay.connect(DB) as conn:
         assert "s3cret" in conn.execute("SHOW feature_outbox.endpoint").fetchone()[0]  # superusers see it

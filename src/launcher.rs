@@ -140,10 +140,13 @@ impl Launcher {
             self.started.iter().filter(|(_, s)| matches!(s.handle.pid(), Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied))).map(|(slot, _)| *slot).collect();
         for slot in stopped {
             let Some(s) = self.started.remove(&slot) else { continue };
-            if s.at.elapsed() < QUICK_EXIT {
+            let mut shared = RELAY.exclusive();
+            // A probe that found no extension leaves at once by design; a CREATE EXTENSION right
+            // after must not wait out the throttle meant for workers that fail as they start.
+            let looked = shared.database(s.database).is_some_and(|d| matches!(d.presence, Presence::Absent | Presence::Unknown));
+            if s.at.elapsed() < QUICK_EXIT && !looked {
                 self.quick_exits.insert((s.database, s.index), Instant::now());
             }
-            let mut shared = RELAY.exclusive();
             let slot = &mut shared.slots[slot];
             // Never started (no process), or gone before it attached: no exit callback freed it.
             if slot.claimed && slot.pid == 0 && slot.database == s.database && slot.index == s.index {

@@ -23,6 +23,7 @@ mod relay_state;
 mod roles;
 mod routing;
 mod settings;
+mod signals;
 mod sinks;
 mod subjects;
 mod subxact;

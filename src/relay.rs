@@ -342,41 +342,42 @@ impl Relay {
     /// commit, so they resume at once. Without the extension the worker leaves the database.
     fn schema_ready(&mut self) -> Result<(), Drain> {
         let database = this_database();
-        let asked = RELAY.share().database(database).map_or(0, |d| d.looks_asked);
-        let installed = in_transaction(|| {
-            // One row always: get_one fails on none.
-            kept_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')")
-        })
-        .and_then(|r| r);
-        let present = |presence: Presence| {
-            RELAY.exclusive().database_mut(database).map(|d| {
-                // A CREATE EXTENSION committed since this look began: the next worker 0 looks again.
-                let presence = if presence == Presence::Absent && d.looks_asked != asked { Presence::Unknown } else { presence };
-                std::mem::replace(&mut d.presence, presence)
+        let installed = loop {
+            let asked = RELAY.share().database(database).map_or(0, |d| d.looks_asked);
+            let installed = in_transaction(|| {
+                // One row always: get_one fails on none.
+                kept_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')")
             })
+            .and_then(|r| r);
+            let mut shared = RELAY.exclusive();
+            let Some(d) = shared.database_mut(database) else { break installed };
+            match &installed {
+                Ok(Some(_)) => d.presence = Presence::Present,
+                // A CREATE EXTENSION committed while this look ran: a new transaction sees it.
+                Ok(None) if d.looks_asked != asked => continue,
+                Ok(None) => {
+                    // No extension here: leave, so that the database holds no worker. Its CREATE
+                    // EXTENSION asks the launcher for a new look (utility_hook.rs). A first look
+                    // that finds none is the common case under `*`, and not logged.
+                    let was = std::mem::replace(&mut d.presence, Presence::Absent);
+                    drop(shared);
+                    if was != Presence::Probing {
+                        log!("{}: extension feature_outbox is not in this database (any more); leaving it", self.tag);
+                    }
+                    exit_worker();
+                }
+                Err(_) => {}
+            }
+            break installed;
         };
         // The reason is also recorded as the last error, where the backlog view shows it.
         let (state, reason) = match installed {
-            Ok(Some(v)) if v == LIBRARY_VERSION => {
-                present(Presence::Present);
-                return Ok(());
-            }
-            Ok(Some(v)) => {
-                present(Presence::Present);
-                (
-                    WorkerState::WaitingForUpdate,
-                    format!("the schema is at version {v} and the library at {LIBRARY_VERSION}; waiting for ALTER EXTENSION feature_outbox UPDATE"),
-                )
-            }
-            Ok(None) => {
-                // No extension here: leave, so that the database holds no worker. Its CREATE
-                // EXTENSION asks the launcher for a new look (utility_hook.rs). A first look that
-                // finds none is the common case under `*`, and not logged.
-                if present(Presence::Absent) != Some(Presence::Probing) {
-                    log!("{}: extension feature_outbox is not in this database (any more); leaving it", self.tag);
-                }
-                exit_worker();
-            }
+            Ok(Some(v)) if v == LIBRARY_VERSION => return Ok(()),
+            Ok(Some(v)) => (
+                WorkerState::WaitingForUpdate,
+                format!("the schema is at version {v} and the library at {LIBRARY_VERSION}; waiting for ALTER EXTENSION feature_outbox UPDATE"),
+            ),
+            Ok(None) => exit_worker(), // no entry: the launcher forgot this database
             Err(e) => (WorkerState::Idle, format!("cannot read pg_extension: {e}")),
         };
         if self.waiting_logged.as_deref() != Some(reason.as_str()) {

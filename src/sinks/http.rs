@@ -126,9 +126,9 @@ impl HttpSink {
         // A thread that cannot be started only means fewer in flight; with none, this one sends.
         let threads = self.concurrency.min(requests.len());
         std::thread::scope(|scope| {
-            let started = (0..threads)
-                .filter(|_| std::thread::Builder::new().name("feature_outbox http".into()).spawn_scoped(scope, work).is_ok())
-                .count();
+            let started = crate::signals::blocked(|| {
+                (0..threads).filter(|_| std::thread::Builder::new().name("feature_outbox http".into()).spawn_scoped(scope, work).is_ok()).count()
+            });
             meanwhile();
             if started == 0 {
                 work();

@@ -73,17 +73,15 @@ impl NatsSink {
     pub fn connect(config: &SinkConfig, client_name: &str) -> Result<NatsSink, String> {
         // A multi-thread runtime with one worker keeps the connection serviced while the relay
         // sleeps on its latch (a current-thread runtime would not run between block_on calls).
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
+        // Its threads, and the blocking-pool threads block_on may start, with signals blocked
+        // (signals.rs): every block_on goes through block_on() below.
+        let runtime = crate::signals::blocked(|| tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build())
             .map_err(|e| format!("cannot start the NATS runtime: {e}"))?;
         // Credentials the way production deployments hand them out: a .creds file (JWT and seed),
         // or an NKey seed. A file that cannot be read is a sink-level error naming the setting and
         // the path, never the content.
         let base = match (&config.nats_credentials_file, &config.nats_nkey_file) {
-            (Some(path), _) => runtime
-                .block_on(ConnectOptions::with_credentials_file(path))
+            (Some(path), _) => block_on(&runtime, ConnectOptions::with_credentials_file(path))
                 .map_err(|e| format!("cannot use feature_outbox.nats_credentials_file {path}: {}", e.kind()))?,
             (None, Some(path)) => {
                 let seed = std::fs::read_to_string(path).map_err(|e| format!("cannot read feature_outbox.nats_nkey_file {path}: {}", e.kind()))?;
@@ -122,7 +120,7 @@ impl NatsSink {
             max_age: config.max_age,
             ..Default::default()
         };
-        let (client, js, limits_differ) = runtime.block_on(async {
+        let (client, js, limits_differ) = block_on(&runtime, async {
             let client = tokio::time::timeout(timeout, options.connect(addresses.as_slice()))
                 .await
                 .map_err(|_| format!("timed out connecting to NATS at {servers}"))?
@@ -186,7 +184,7 @@ impl NatsSink {
         let (js, timeout) = (&self.js, self.timeout);
         let (prefix, legacy, resolutions) = (self.prefix.as_str(), self.legacy_subjects, self.resolutions.as_slice());
         let headers = |row: &Row, message: Message| headers(self.envelope, &self.database, prefix, row, message);
-        self.runtime.block_on(async {
+        block_on(&self.runtime, async {
             let mut done = Vec::with_capacity(rows.len());
             let mut in_flight = Vec::new();
             for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
@@ -235,7 +233,7 @@ impl NatsSink {
     pub fn finish(&mut self, pending: Pending) -> Vec<Outcome> {
         let Pending { mut done, in_flight } = pending;
         let timeout = self.timeout;
-        done.extend(self.runtime.block_on(acknowledge_all(in_flight, timeout)));
+        done.extend(block_on(&self.runtime, acknowledge_all(in_flight, timeout)));
         done
     }
 }
@@ -279,7 +277,7 @@ impl NatsSink {
         let objects = match &self.objects {
             Some(objects) => objects.clone(),
             None => {
-                let found = self.runtime.block_on(async {
+                let found = block_on(&self.runtime, async {
                     match tokio::time::timeout(timeout, js.get_object_store(&bucket.bucket)).await {
                         Ok(Ok(store)) => Ok(store),
                         _ => tokio::time::timeout(timeout, js.create_object_store(bucket.clone()))
@@ -293,7 +291,7 @@ impl NatsSink {
                 store
             }
         };
-        let existing = self.runtime.block_on(async { tokio::time::timeout(timeout, objects.info(&row.event_id)).await });
+        let existing = block_on(&self.runtime, async { tokio::time::timeout(timeout, objects.info(&row.event_id)).await });
         let stored_version = |info: &object_store::ObjectInfo| info.metadata.get(VERSION_KEY).and_then(|v| v.parse::<i32>().ok());
         if let Ok(Ok(info)) = &existing
             && !info.deleted
@@ -317,7 +315,7 @@ impl NatsSink {
             metadata: [(VERSION_KEY.to_string(), row.geometry_version.unwrap_or_default().to_string())].into(),
             ..Default::default()
         };
-        let put = self.runtime.block_on(async { tokio::time::timeout(budget, objects.put(meta, &mut object.as_slice())).await });
+        let put = block_on(&self.runtime, async { tokio::time::timeout(budget, objects.put(meta, &mut object.as_slice())).await });
         match put {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(sink_failed(format!("cannot store the geometry in object bucket {}: {e}", self.bucket.bucket))),
@@ -417,6 +415,13 @@ fn headers(envelope: Envelope, database: &str, prefix: &str, row: &Row, message:
         h.insert(name, value.as_str());
     }
     h
+}
+
+
+/// `runtime.block_on(f)` with this thread's signals blocked, so that any thread the runtime starts
+/// meanwhile inherits them blocked (signals.rs).
+fn block_on<F: std::future::Future>(runtime: &tokio::runtime::Runtime, f: F) -> F::Output {
+    crate::signals::blocked(|| runtime.block_on(f))
 }
 
 #[cfg(test)]
