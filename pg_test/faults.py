@@ -90,7 +90,11 @@ def worker_kill(short: bool, nats_version: str = "debian") -> Row:
 # ---- 2. a postmaster crash mid-batch ------------------------------------------------------------------------
 
 def postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
-    with nats_and_cluster("crash", nats_version, "fsync = on", "synchronous_commit = on", PIPELINED) as (server, c):
+    # Woken by the poll only, the worker finds about a second of edits each time: full batches, so
+    # the crash lands while it pipelines, and so does the catch-up after it. (The launcher starts the
+    # worker as soon as recovery ends: woken at each commit, it would keep up in batches of one.)
+    with nats_and_cluster("crash", nats_version, "fsync = on", "synchronous_commit = on", PIPELINED,
+                          "feature_outbox.wake_at_commit = off") as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2 if short else 5)
         pg_ctl(c, "-m", "immediate", "stop")
