@@ -29,7 +29,7 @@ def prepare(c: Cluster, db: str) -> None:
     c.create_db(db)
     with c.connect(db) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-        conn.execute("""SELECT feature_outbox.edit_feature(g, ST_SetSRID(ST_MakePoint(-120 + (g % 100) * 0.5, 25 + (g / 100) * 0.7), 4326), 'created')
+        conn.execute("""SELECT feature_outbox.edit_feature(g, ST_SetSRID(ST_MakePoint(-120 + (g %% 100) * 0.5, 25 + (g / 100) * 0.7), 4326), 'created')
                           FROM generate_series(1, %s) g""", (FEATURES,))
 
 

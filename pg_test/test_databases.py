@@ -149,7 +149,8 @@ def watcher(nats_server):
 @pytest.fixture(scope="module")
 def c(nats_server):
     c = Cluster(RUN_DIR / "databases", free_port())
-    c.start(*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'")  # feature_outbox.database: the default, '*'
+    c.start(*SETTINGS, "max_prepared_transactions = 2",
+            f"feature_outbox.endpoint = '{nats_server.url}'")  # feature_outbox.database: the default, '*'
     for db in ("ops", "a", "b", "c"):
         c.create_db(db)
         keep_apart(c, db)
@@ -255,6 +256,43 @@ def test_a_per_database_setting_takes_effect_within_2_s(c, watcher):
     eid = edit(c, "d", 45)
     m = wait_for(lambda: delivered(watcher, eid), 2, "d's edit on its new prefix")
     assert m["subject"].startswith("dd.") and m["headers"][HEADER] == "d"
+
+
+def relay_pid(c: Cluster, db: str) -> int:
+    with c.connect() as conn:
+        return conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'feature_outbox relay' AND datname = %s",
+                            (db,)).fetchone()[0]
+
+
+def test_a_refused_command_leaves_the_workers_alone(c, watcher):
+    """The hook stops a database's workers only for a command that can succeed: not for a role that
+    does not own the database, not in a transaction block, and PREPARE TRANSACTION is refused."""
+    pid = relay_pid(c, "c")
+    with c.connect() as conn:
+        conn.execute("DROP ROLE IF EXISTS intruder")
+        conn.execute("CREATE ROLE intruder LOGIN CREATEDB")
+    with psycopg.connect(c.dsn().replace("user=postgres", "user=intruder"), autocommit=True) as conn:
+        for sql in ("DROP DATABASE c", "ALTER DATABASE c RENAME TO c9", "ALTER DATABASE c SET TABLESPACE pg_default"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql)
+    assert relay_pid(c, "c") == pid, "a refused command stopped c's worker"
+    with c.connect() as conn:
+        with pytest.raises(psycopg.errors.ActiveSqlTransaction):
+            with conn.transaction():
+                conn.execute("DROP DATABASE c")
+        assert relay_pid(c, "c") == pid, "DROP DATABASE in a transaction block stopped c's worker"
+        conn.autocommit = False
+        conn.execute("ALTER DATABASE c RENAME TO c9")  # stops c's workers, in a transaction that then fails
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            conn.execute("PREPARE TRANSACTION 'rename'")
+        conn.rollback()
+        conn.autocommit = True
+        conn.execute("DROP ROLE intruder")
+    wait_for(lambda: databases(c)["c"]["state"] == "relaying" and databases(c)["c"]["workers_running"] == 1, 5, "c served again")
+    assert "c9" not in databases(c)
+    eid = edit(c, "c", 47)
+    assert wait_for(lambda: delivered(watcher, eid), 2, "c's edit")["headers"][HEADER] == "c"
+    assert pid != relay_pid(c, "c"), "the rename in the transaction did stop the workers (and they came back)"
 
 
 def test_no_secret_is_set_per_database_or_role(c):

@@ -67,7 +67,8 @@ pub fn scan() -> Vec<Catalogued> {
             found.push(Catalogued {
                 oid: (*form).oid.to_u32(),
                 name: std::ffi::CStr::from_ptr((*form).datname.data.as_ptr()).to_string_lossy().into_owned(),
-                allows_connections: (*form).datallowconn,
+                // datconnlimit -2: a DROP DATABASE was interrupted; the database cannot be connected to.
+                allows_connections: (*form).datallowconn && (*form).datconnlimit != -2,
                 is_template: (*form).datistemplate,
             });
         }

@@ -108,10 +108,9 @@ impl Launcher {
         let workers = settings::RELAY_WORKERS.get().clamp(0, MAX_WORKERS as i32) as u16;
         self.log_missing(&served, &catalog);
         self.forget_stopped();
+        // relay_workers = 0 relays nothing: not even a probe runs.
+        let wanted = if workers == 0 { HashMap::new() } else { wanted };
         let plan = self.plan(&wanted, workers);
-        for pid in &plan.signal {
-            unsafe { libc::kill(*pid, libc::SIGTERM) };
-        }
         for (database, index, name) in plan.no_slot {
             self.unregistered_worker(database, index, &name, "all feature_outbox relay slots are in use");
         }
@@ -225,6 +224,11 @@ impl Launcher {
                 }
                 plan.start.push((free, d.oid, index, d.name()));
             }
+        }
+        // Under the lock: a worker releases its slot (and its pid) only under it, so each pid here
+        // is still that worker's.
+        for pid in &plan.signal {
+            unsafe { libc::kill(*pid, libc::SIGTERM) };
         }
         plan
     }

@@ -407,7 +407,12 @@ fn stored_per_database(source: pg_sys::GucSource::Type) -> bool {
 
 /// True when one of the comma-separated URLs carries user-info (user:password@ or token@).
 pub fn has_credentials(urls: &str) -> bool {
-    urls.split(',').any(|url| matches!((url.find("://"), url.rfind('@')), (Some(s), Some(at)) if at > s))
+    // Only the authority (between :// and the first /, ? or #) holds userinfo (RFC 3986, 3.2).
+    urls.split(',').any(|url| {
+        let after = url.find("://").map_or(url, |s| &url[s + 3..]);
+        let authority = after.split(['/', '?', '#']).next().unwrap_or_default();
+        authority.contains('@')
+    })
 }
 
 /// Refuses an endpoint with credentials in it per database or role (22023): every role can read
@@ -526,6 +531,8 @@ mod tests {
         assert!(super::has_credentials("nats://a:4222,nats://u:p@b:4222"));
         assert!(super::has_credentials("https://tok@h/hook"));
         assert!(!super::has_credentials("nats://a:4222,nats://b:4222"));
+        assert!(!super::has_credentials("https://h/hook?owner=a@b.org"), "an @ in the query is no userinfo");
+        assert!(!super::has_credentials("https://h/@team/hook"));
     }
 
     #[test]

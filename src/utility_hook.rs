@@ -37,7 +37,8 @@ pub fn init() {
 enum Effect {
     /// Needs database `name` without other sessions.
     Pause { name: String, command: &'static str },
-    ExtensionCreated,
+    /// `ours`: feature_outbox itself; else one that may bring it with CASCADE.
+    ExtensionCreated { ours: bool },
     ExtensionDropped,
     /// feature_outbox settings of one database, or of every one (ALTER ROLE without IN DATABASE).
     SettingsChanged(Option<String>),
@@ -92,9 +93,11 @@ unsafe fn effect(node: *mut pg_sys::Node) -> Option<Effect> {
             pg_sys::NodeTag::T_CreatedbStmt => {
                 option((*(node as *mut pg_sys::CreatedbStmt)).options, "template").map(|name| Effect::Pause { name, command: "CREATE DATABASE TEMPLATE" })
             }
-            pg_sys::NodeTag::T_CreateExtensionStmt => {
-                (text((*(node as *mut pg_sys::CreateExtensionStmt)).extname).as_deref() == Some("feature_outbox")).then_some(Effect::ExtensionCreated)
-            }
+            // Any extension: one that requires feature_outbox brings it with CASCADE, without a
+            // statement of its own. A look at a database that has it already changes nothing.
+            pg_sys::NodeTag::T_CreateExtensionStmt => Some(Effect::ExtensionCreated {
+                ours: text((*(node as *mut pg_sys::CreateExtensionStmt)).extname).as_deref() == Some("feature_outbox"),
+            }),
             pg_sys::NodeTag::T_DropStmt => {
                 let s = node as *mut pg_sys::DropStmt;
                 let ours = (*s).removeType == pg_sys::ObjectType::OBJECT_EXTENSION
@@ -129,17 +132,24 @@ unsafe extern "C-unwind" fn process_utility(
     qc: *mut pg_sys::QueryCompletion,
 ) {
     let effect = if crate::relay_state::ready() { unsafe { effect((*pstmt).utilityStmt) } } else { None };
-    if let Some(Effect::Pause { name, command }) = &effect {
+    if let Some(Effect::Pause { name, command }) = &effect
+        && may_run(command, name, context)
+    {
         pause(name, command);
     }
     unsafe {
         match PREVIOUS {
-            Some(previous) => previous(pstmt, query, read_only_tree, context, params, env, dest, qc),
+            // Guarded: an ERROR in another library's hook (or below it) comes back as a Rust panic.
+            Some(previous) => pg_sys::ffi::pg_guard_ffi_boundary(|| previous(pstmt, query, read_only_tree, context, params, env, dest, qc)),
             None => pg_sys::standard_ProcessUtility(pstmt, query, read_only_tree, context, params, env, dest, qc),
         }
     }
     match effect {
-        Some(Effect::ExtensionCreated) => at_commit(|| look_again(this_database())),
+        Some(Effect::ExtensionCreated { ours: true }) => at_commit(|| look_again(this_database())),
+        // Another extension's PREPARE stays allowed: a look that fires late, or never, costs nothing.
+        Some(Effect::ExtensionCreated { ours: false }) => {
+            register_xact_callback(PgXactCallbackEvent::Commit, || look_again(this_database()));
+        }
         Some(Effect::ExtensionDropped) => at_commit(|| leave(this_database())),
         // The oid now: a commit callback may not read the catalog.
         Some(Effect::SettingsChanged(None)) => at_commit(|| restart(None)),
@@ -153,7 +163,42 @@ unsafe extern "C-unwind" fn process_utility(
 }
 
 fn at_commit(f: impl FnOnce() + std::panic::UnwindSafe + std::panic::RefUnwindSafe + 'static) {
+    refuse_prepare();
     register_xact_callback(PgXactCallbackEvent::Commit, f);
+}
+
+/// A prepared transaction ends in another session, or never: this backend's commit and abort
+/// callbacks would run at its own next transaction end instead. So PREPARE TRANSACTION is refused
+/// for the statements this hook follows, as PostgreSQL refuses it after LISTEN or temporary tables.
+fn refuse_prepare() {
+    register_xact_callback(PgXactCallbackEvent::PrePrepare, || {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "cannot PREPARE a transaction that changed what the feature_outbox relay serves",
+            "Commit it instead: CREATE or DROP EXTENSION feature_outbox, ALTER DATABASE or ROLE ... SET feature_outbox.*, and renaming a served database take effect for the relay at commit."
+        );
+    });
+}
+
+/// Whether `command` on database `name` would get past PostgreSQL's own checks, as far as they can
+/// be known before it runs: the hook must not stop a database's workers for a statement that is
+/// refused anyway (a role that does not own the database, DROP DATABASE in a transaction block).
+fn may_run(command: &str, name: &str, context: pg_sys::ProcessUtilityContext::Type) -> bool {
+    let in_block = context != pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL || unsafe { pg_sys::IsTransactionBlock() };
+    if matches!(command, "DROP DATABASE" | "CREATE DATABASE TEMPLATE") && in_block {
+        return false;
+    }
+    let createdb = matches!(command, "CREATE DATABASE TEMPLATE" | "ALTER DATABASE RENAME");
+    // pg_has_role(..., 'USAGE') is has_privs_of_role, true for superusers, as PostgreSQL's owner
+    // check is; CREATEDB as have_createdb_privilege reads it (superusers have it).
+    let allowed = Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.pg_has_role(d.datdba, 'USAGE') AND (NOT $2 OR r.rolsuper OR r.rolcreatedb)
+           FROM pg_catalog.pg_database d, pg_catalog.pg_roles r
+          WHERE d.datname = $1 AND r.rolname = current_user",
+        &[name.into(), createdb.into()],
+    );
+    matches!(allowed, Ok(Some(true)))
 }
 
 fn oid_of(name: &str) -> Option<u32> {
@@ -162,17 +207,16 @@ fn oid_of(name: &str) -> Option<u32> {
     (oid != pg_sys::InvalidOid).then(|| oid.to_u32())
 }
 
-/// The pids of `database`'s workers, and whether any slot still serves it.
-fn workers_of(database: u32) -> (Vec<i32>, bool) {
+/// Sends SIGTERM to `database`'s workers; returns how many there were and whether any slot still
+/// serves it. Under the lock: a worker gives up its slot, and so its pid, only under it.
+fn terminate(database: u32) -> (usize, bool) {
     let shared = RELAY.share();
     let serving: Vec<_> = shared.slots.iter().filter(|s| s.serves(database)).collect();
-    (serving.iter().filter(|s| s.pid != 0).map(|s| s.pid).collect(), !serving.is_empty())
-}
-
-fn terminate(pids: &[i32]) {
-    for pid in pids {
+    let pids: Vec<i32> = serving.iter().filter(|s| s.pid != 0).map(|s| s.pid).collect();
+    for pid in &pids {
         unsafe { libc::kill(*pid, libc::SIGTERM) };
     }
+    (pids.len(), !serving.is_empty())
 }
 
 /// Pauses database `name` until this transaction ends, and waits until its workers have left.
@@ -180,6 +224,15 @@ fn pause(name: &str, command: &'static str) {
     let Some(database) = oid_of(name) else { return };
     {
         let mut shared = RELAY.exclusive();
+        if shared.database(database).is_none() {
+            // Not seen by the launcher yet (created or served a moment ago): an entry, paused from
+            // the start, so that it starts no worker there meanwhile.
+            if !crate::databases::Served::now().includes(name) {
+                return;
+            }
+            let Some(free) = shared.databases.iter_mut().find(|d| d.oid == 0) else { return };
+            *free = crate::relay_state::Database::new(database, name);
+        }
         let Some(d) = shared.database_mut(database) else { return };
         d.paused += 1;
         d.set_paused_for(command);
@@ -190,11 +243,13 @@ fn pause(name: &str, command: &'static str) {
         }
         wake_launcher();
     };
+    refuse_prepare();
     register_xact_callback(PgXactCallbackEvent::Commit, resume);
     register_xact_callback(PgXactCallbackEvent::Abort, resume);
     let started = Instant::now();
     loop {
-        let (pids, serving) = workers_of(database);
+        // Again each round: a worker registered just before the pause gets its pid only now.
+        let (_, serving) = terminate(database);
         if !serving {
             break;
         }
@@ -202,8 +257,6 @@ fn pause(name: &str, command: &'static str) {
             warning!("feature_outbox: relay workers of database \"{name}\" did not leave within {PAUSE_WAIT:?}; {command} may wait for them");
             break;
         }
-        // Again each round: a worker registered just before the pause gets its pid only now.
-        terminate(&pids);
         unsafe {
             pg_sys::pg_usleep(10_000);
             pg_sys::check_for_interrupts!();
@@ -211,7 +264,7 @@ fn pause(name: &str, command: &'static str) {
     }
 }
 
-/// CREATE EXTENSION committed in `database`: the launcher looks there again.
+/// A CREATE EXTENSION committed in `database`: the launcher looks there again.
 fn look_again(database: u32) {
     if let Some(d) = RELAY.exclusive().database_mut(database) {
         d.looks_asked = d.looks_asked.wrapping_add(1);
@@ -229,11 +282,9 @@ fn leave(database: u32) {
         let Some(d) = shared.database_mut(database) else { return };
         d.presence = Presence::Absent;
     }
-    let (pids, _) = workers_of(database);
-    if !pids.is_empty() {
+    if terminate(database).0 > 0 {
         log!("feature_outbox: extension feature_outbox dropped; its relay workers leave this database");
     }
-    terminate(&pids);
 }
 
 /// Settings of one database (or of every one, `None`) changed: the launcher restarts its workers.
