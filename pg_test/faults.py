@@ -509,7 +509,8 @@ def many_databases(short: bool, nats_version: str = "debian") -> Row:
         total = Row(f"11. three databases, their workers killed x{times} (pg_terminate_backend, kill -9)",
                     *[sum(getattr(r, f) for r in rows) for f in ("committed", "delivered", "duplicates", "lost", "invented")],
                     drain_s=max(r.drain_s for r in rows), uncertain=sum(r.uncertain for r in rows),
-                    note="; ".join(f"{r.drill}: {r.committed:,} committed, {r.delivered:,} delivered" for r in rows))
+                    note="; ".join(f"{r.drill}: {r.committed:,} committed, {r.delivered:,} delivered"
+                                   + (f" ({r.uncertain} commits cut off)" if r.uncertain else "") for r in rows))
         total.checks = {"every database relayed": all(r.delivered > 0 for r in rows)}
         return total
 
