@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "pg_test"))
 sys.path.insert(0, str(ROOT / "bench"))
 from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
 from relay_harness import NatsServer, wait_for  # noqa: E402
-from results import stream_count  # noqa: E402
+from results import fill, stream_count  # noqa: E402
 
 BACKLOG = int(os.environ.get("BENCH_DB_BACKLOG", "60000"))
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
@@ -31,18 +31,6 @@ def prepare(c: Cluster, db: str) -> None:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         conn.execute("""SELECT feature_outbox.edit_feature(g, ST_SetSRID(ST_MakePoint(-120 + (g %% 100) * 0.5, 25 + (g / 100) * 0.7), 4326), 'created')
                           FROM generate_series(1, %s) g""", (FEATURES,))
-
-
-def fill(c: Cluster, db: str, n: int) -> None:
-    """n unpublished `moved` events of db's features, fresh event ids, in one INSERT."""
-    with c.connect(db) as conn:
-        conn.execute("UPDATE feature_outbox.outbox SET published_at = now() WHERE published_at IS NULL")
-        conn.execute("""INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer)
-                        SELECT s.feature_id, 1, 'moved', s.routing_key, 'features'
-                          FROM generate_series(0, %s - 1) g
-                          JOIN (SELECT feature_id, routing_key, row_number() OVER (ORDER BY feature_id) - 1 AS k,
-                                       count(*) OVER () AS n FROM feature_outbox.feature_state) s ON s.k = g %% s.n""", (n,))
-        conn.execute("VACUUM ANALYZE feature_outbox.outbox")
 
 
 def unpublished(c: Cluster, db: str) -> int:
@@ -71,7 +59,7 @@ def run(c: Cluster, server: NatsServer, dbs: list[str], per: int, tag: str) -> f
             conn.execute(f"ALTER DATABASE {db} SET feature_outbox.nats_stream = 'B{tag}{db.upper()}'")
             conn.execute(f"ALTER DATABASE {db} SET feature_outbox.nats_subject_prefix = 'b{tag}{db}'")
     for db in dbs:
-        fill(c, db, BACKLOG // len(dbs))
+        fill(c, BACKLOG // len(dbs), db)
     time.sleep(2.5)  # the per-database settings restart the workers
     wait_for(lambda: workers_running(c, dbs, per), 20, "the workers")
     started = time.monotonic()

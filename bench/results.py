@@ -73,9 +73,9 @@ def paused(c):
     time.sleep(0.3)
 
 
-def fill(c, n):
-    """n unpublished events of the county features, fresh event ids, in one INSERT."""
-    with c.connect(DB) as conn:
+def fill(c, n, db=DB):
+    """n unpublished events of db's built-in features (the counties here), fresh event ids, in one INSERT."""
+    with c.connect(db) as conn:
         conn.execute("UPDATE feature_outbox.outbox SET published_at = now() WHERE published_at IS NULL")
         conn.execute("""INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer)
                         SELECT s.feature_id, 1, 'moved', s.routing_key, 'features'
