@@ -43,7 +43,6 @@ pub extern "C-unwind" fn feature_outbox_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi(None, None);
     {
         let mut shared = RELAY.exclusive();
-        shared.launcher_pid = unsafe { pg_sys::MyProcPid };
         shared.launcher_latch = unsafe { pg_sys::MyLatch } as usize;
     }
     unsafe { pg_sys::before_shmem_exit(Some(forget_launcher), pg_sys::Datum::from(0)) };
@@ -66,7 +65,6 @@ pub extern "C-unwind" fn feature_outbox_launcher_main(_arg: pg_sys::Datum) {
 #[pg_guard]
 unsafe extern "C-unwind" fn forget_launcher(_code: i32, _arg: pg_sys::Datum) {
     let mut shared = RELAY.exclusive();
-    shared.launcher_pid = 0;
     shared.launcher_latch = 0;
 }
 
@@ -176,8 +174,8 @@ impl Launcher {
                         d.set_name(name); // ALTER DATABASE ... RENAME TO
                     }
                 }
-                None => match shared.databases.iter_mut().find(|d| d.oid == 0) {
-                    Some(free) => *free = Database::new(*oid, name),
+                None => match shared.add_database(*oid, name) {
+                    Some(_) => {}
                     None if !self.full_logged => {
                         warning!("feature_outbox launcher: more than {MAX_DATABASES} databases to serve; database \"{name}\" is not served");
                         self.full_logged = true;

@@ -40,6 +40,11 @@ fn slots_here() -> Result<(Vec<(usize, Slot)>, Option<(String, pgrx::pg_sys::Tim
     Ok((slots, launcher_error))
 }
 
+/// The slot whose error is current (its worker has not worked without one since) and newest.
+fn newest_error<'a>(slots: impl Iterator<Item = &'a Slot>) -> Option<&'a Slot> {
+    slots.filter(|s| s.error_active && s.last_error_at != 0).max_by_key(|s| s.last_error_at)
+}
+
 /// True when the server preloaded the library (shared_preload_libraries), so relay workers can run.
 /// From the library's own state, never from a setting's text: a placeholder setting looks the same
 /// whether or not the library was preloaded.
@@ -106,7 +111,7 @@ fn _relay_status() -> TableIterator<
     };
     let running = slots.iter().filter(|(_, s)| s.pid != 0).count() as i32;
     let last_active = slots.iter().map(|(_, s)| s.last_active_at).max().unwrap_or(0);
-    let current = slots.iter().filter(|(_, s)| s.error_active && s.last_error_at != 0).max_by_key(|(_, s)| s.last_error_at);
+    let current = newest_error(slots.iter().map(|(_, s)| s));
     // Workers the postmaster could not start (max_worker_processes) or that are restarting leave no
     // error of their own: say how many are missing.
     let missing = (running < slots.len() as i32).then(|| {
@@ -119,7 +124,7 @@ fn _relay_status() -> TableIterator<
     let (error, error_at) = match (unserved, launcher_error, current, missing) {
         (Some(why), ..) => (Some(why), None),
         (None, Some((error, at)), ..) => (Some(error), timestamp(at)),
-        (None, None, Some((_, s)), _) => (s.error_text(), timestamp(s.last_error_at)),
+        (None, None, Some(s), _) => (s.error_text(), timestamp(s.last_error_at)),
         (None, None, None, missing) => (missing, None),
     };
     let by_type = |t: usize| slots.iter().map(|(_, s)| s.relayed_by_type[t]).sum::<i64>();
@@ -184,7 +189,7 @@ fn _relay_databases() -> TableIterator<
             (None, Presence::Present) => "relaying".into(),
         };
         // The launcher's error first (a worker it could not start), else the newest current one.
-        let current = slots.iter().filter(|s| s.error_active && s.last_error_at != 0).max_by_key(|s| s.last_error_at);
+        let current = newest_error(slots.iter().copied());
         let (error, error_at) = match (d.error(), current) {
             (Some(e), _) => (Some(e), timestamp(d.error_at)),
             (None, Some(s)) => (s.error_text(), timestamp(s.last_error_at)),

@@ -228,7 +228,6 @@ pub struct RelayShared {
     pub databases: [Database; MAX_DATABASES],
     /// The launcher's process latch (0 while none runs): set to make it look at once.
     pub launcher_latch: usize,
-    pub launcher_pid: i32,
     /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub crash_after_next_publish: bool,
@@ -240,7 +239,6 @@ impl Default for RelayShared {
             slots: [Slot::default(); MAX_SLOTS],
             databases: [Database::default(); MAX_DATABASES],
             launcher_latch: 0,
-            launcher_pid: 0,
             crash_after_next_publish: false,
         }
     }
@@ -252,6 +250,12 @@ impl RelayShared {
     }
     pub fn database_mut(&mut self, oid: u32) -> Option<&mut Database> {
         self.databases.iter_mut().find(|d| d.oid == oid && oid != 0)
+    }
+    /// A new entry for database `oid` in a free place; None when all MAX_DATABASES are taken.
+    pub fn add_database(&mut self, oid: u32, name: &str) -> Option<&mut Database> {
+        let free = self.databases.iter_mut().find(|d| d.oid == 0)?;
+        *free = Database::new(oid, name);
+        Some(free)
     }
 }
 

@@ -224,14 +224,13 @@ fn pause(name: &str, command: &'static str) {
     let Some(database) = oid_of(name) else { return };
     {
         let mut shared = RELAY.exclusive();
+        if shared.database(database).is_none() && !crate::databases::Served::now().includes(name) {
+            return;
+        }
+        // Not seen by the launcher yet (created or served a moment ago): an entry, paused from the
+        // start, so that it starts no worker there meanwhile.
         if shared.database(database).is_none() {
-            // Not seen by the launcher yet (created or served a moment ago): an entry, paused from
-            // the start, so that it starts no worker there meanwhile.
-            if !crate::databases::Served::now().includes(name) {
-                return;
-            }
-            let Some(free) = shared.databases.iter_mut().find(|d| d.oid == 0) else { return };
-            *free = crate::relay_state::Database::new(database, name);
+            shared.add_database(database, name);
         }
         let Some(d) = shared.database_mut(database) else { return };
         d.paused += 1;
