@@ -165,6 +165,13 @@ def backlog(c: Cluster, db: str = DB) -> int:
         return conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
 
 
+def relay_pids(c: Cluster, db: str = DB) -> list[int]:
+    """The pids of db's relay workers, as pg_stat_activity sees them."""
+    with c.connect() as conn:
+        return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'feature_outbox relay' "
+                                           "AND datname = %s", (db,))]
+
+
 def parked(c: Cluster) -> int:
     with c.connect(DB) as conn:
         return conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE parked_at IS NOT NULL").fetchone()[0]

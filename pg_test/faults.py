@@ -26,7 +26,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
-from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubscriber, Editors, Nats, Row, drain,  # noqa: E402
+from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubscriber, Editors, Nats, Row, drain, relay_pids,  # noqa: E402
                     kill_tree, nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
@@ -462,12 +462,6 @@ def load(short: bool, nats_version: str = "debian") -> Row:
 
 
 # ---- 11. three databases on one server, their workers killed ------------------------------------------------------
-
-def relay_pids(c: Cluster, db: str) -> list[int]:
-    with c.connect() as conn:
-        return [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'feature_outbox relay' "
-                                           "AND datname = %s", (db,))]
-
 
 def many_databases(short: bool, nats_version: str = "debian") -> Row:
     """Three databases served by one launcher (feature_outbox.database = '*'), each with its own

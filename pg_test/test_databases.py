@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from conftest import RUN_DIR, Cluster, free_port
-from drills import LAYER, TABLE, Editors, Ledger, read_stream, tally
+from drills import LAYER, TABLE, Editors, Ledger, backlog, relay_pids, tally
 from relay_harness import WAIT_SCALE, nats_fixture, wait_for
 
 HEADER = "Feature-Outbox-Database"
@@ -42,11 +42,6 @@ def keep_apart(c: Cluster, db: str, prefix: str | None = None) -> None:
         conn.execute(f"ALTER DATABASE {db} SET feature_outbox.nats_stream = '{prefix.upper()}'")
 
 
-def backlog(c: Cluster, db: str) -> int:
-    with c.connect(db) as conn:
-        return conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
-
-
 def databases(c: Cluster, via: str = "ops") -> dict:
     """relay_databases, read in `via`: by default ops, a database of its own for monitoring, served like the others."""
     with c.connect(via) as conn:
@@ -63,10 +58,6 @@ def edit(c: Cluster, db: str, fid: int, kind: str = "created", x: float = -100.0
                                     "ORDER BY id DESC LIMIT 1", (fid,)).fetchone()
     LEDGERS.setdefault(db, Ledger()).committed[eid] = (LAYER, fid, version)
     return eid
-
-
-def messages(server, stream: str) -> list[dict]:
-    return server.messages(stream)
 
 
 class Watcher:
@@ -117,7 +108,7 @@ def record(db: str, ledger: Ledger) -> Ledger:
 def check_stream(c: Cluster, server, db: str, ledger: Ledger, shown_as: str | None = None):
     """Every committed edit of `db` is in its stream exactly once, from `db`, with its row's content."""
     stream, shown_as = db.upper(), shown_as or db
-    msgs = messages(server, stream)
+    msgs = server.messages(stream)
     row = tally(db, ledger, [(m["headers"]["Nats-Msg-Id"], m["event"]) for m in msgs], 0.0)
     assert (row.lost, row.invented, row.duplicates) == (0, 0, 0), row.line()
     assert row.committed > 0
@@ -259,9 +250,8 @@ def test_a_per_database_setting_takes_effect_within_2_s(c, watcher):
 
 
 def relay_pid(c: Cluster, db: str) -> int:
-    with c.connect() as conn:
-        return conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'feature_outbox relay' AND datname = %s",
-                            (db,)).fetchone()[0]
+    [pid] = relay_pids(c, db)
+    return pid
 
 
 def test_a_refused_command_leaves_the_workers_alone(c, watcher):
@@ -360,7 +350,7 @@ def test_a_database_at_0_2_0_waits_while_the_others_relay(c, nats_server, watche
     with c.connect("e") as conn:
         conn.execute("ALTER EXTENSION feature_outbox UPDATE")
     wait_for(lambda: backlog(c, "e") == 0, 5, "e to relay after its update")
-    [m] = [m for m in messages(nats_server, "E")]
+    [m] = nats_server.messages("E")
     assert m["headers"][HEADER] == "e" and m["event"]["feature_id"] == "7"
 
 

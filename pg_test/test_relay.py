@@ -17,6 +17,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
+from drills import relay_pids
 from relay_harness import NatsServer, Receiver, get_object, receiver, subject, wait_for  # noqa: F401 (receiver: a fixture)
 from relay_harness import reconfigure as configure
 
@@ -142,6 +143,7 @@ def test_nats_every_edit_once_with_format_and_headers(relay, nats_server):
         assert m["headers"]["Nats-Msg-Id"] == e["event_id"]
         assert m["headers"]["Feature-Id"] == str(row["feature_id"]) == e["feature_id"]
         assert m["headers"]["Feature-Version"] == str(row["feature_version"]) == str(e["event_version"])
+        assert m["headers"]["Feature-Outbox-Database"] == DB
         assert m["headers"].get("Previous-Routing-Key") == row["previous_routing_key"] == e["previous_routing_key"]
         assert (e["action"], e["routing_key"], e["schema_version"], e["crs"]) == (row["event_type"], row["routing_key"], 3, "EPSG:4326")
         assert RFC3339_UTC.match(e["occurred_at"]) and RFC3339_UTC.match(e["relayed_at"])
@@ -341,6 +343,7 @@ def test_http_every_edit_once_signed_with_standard_webhooks(relay, receiver):
         assert h["content-type"] == "application/json"
         assert h["idempotency-key"] == h["webhook-id"] == str(row["event_id"])
         assert abs(int(h["webhook-timestamp"]) - time.time()) < 60
+        assert h["feature-outbox-database"] == DB  # the database that wrote it (many databases, one receiver)
         assert h["webhook-signature"].startswith("v1,")
         # The standardwebhooks library's verifier accepts it (and so checks the HMAC-SHA256).
         event = verifier.verify(req["body"], {k: h[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")})
@@ -629,13 +632,6 @@ def test_replay_published_sends_again_what_a_sink_lost(relay, nats_server):
         assert e.value.sqlstate == "42501"
 
 
-def relay_sessions(c):
-    """The relay workers connected to DB, as pg_stat_activity sees them."""
-    with c.connect() as conn:
-        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'feature_outbox relay' "
-                            "AND datname = %s", (DB,)).fetchone()[0]
-
-
 def test_drop_extension_sends_the_workers_away_and_create_brings_them_back(relay, receiver):
     """Runs last in this module: it drops the extension (and so every outbox row) in the relay's database.
     A database without the extension holds no worker (no session that would block DROP DATABASE), and
@@ -644,14 +640,14 @@ def test_drop_extension_sends_the_workers_away_and_create_brings_them_back(relay
     use_http(relay, receiver)
     configure(relay, poll_interval="60s")  # only the commits wake anything
     running = len(workers(relay, "pid"))
-    assert running and relay_sessions(relay) == running
+    assert running and len(relay_pids(relay, DB)) == running
     with relay.connect(DB) as conn:
         conn.execute("DROP EXTENSION feature_outbox")
-    wait_for(lambda: relay_sessions(relay) == 0, 2, "the workers to leave at DROP EXTENSION's commit")
+    wait_for(lambda: len(relay_pids(relay, DB)) == 0, 2, "the workers to leave at DROP EXTENSION's commit")
     assert "extension feature_outbox dropped; its relay workers leave this database" in relay.log()
     for _ in range(10):  # no probe comes back to look meanwhile
         time.sleep(0.2)
-        assert relay_sessions(relay) == 0
+        assert len(relay_pids(relay, DB)) == 0
     with relay.connect(DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox")
     created = time.monotonic()
