@@ -775,7 +775,9 @@ SELECT u.unpublished_rows,
         WHERE a.pid <> pg_backend_pid()
           AND greatest(age(a.backend_xmin), age(a.backend_xid)) IS NOT NULL
           AND (a.datname = current_database() OR a.backend_type = 'walsender')
-        ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC
+        -- Equal horizons (no xid assigned between two snapshots): the older transaction, which
+        -- the relay's own short ones never are.
+        ORDER BY greatest(age(a.backend_xmin), age(a.backend_xid)) DESC, coalesce(a.xact_start, a.backend_start)
         LIMIT 1) h ON true;
 COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, failing and parked rows, relay health.';
 
