@@ -25,8 +25,11 @@ const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How soon an idle worker 0 looks at the low-water mark again while a candidate waits.
 const LOW_WATER_LOOK: Duration = Duration::from_millis(150);
-/// How often worker 0 counts its database's unpublished rows for relay_databases.
+/// How often worker 0 counts its database's unpublished rows for relay_databases, at most.
 const COUNT_EVERY: Duration = Duration::from_secs(1);
+/// A count that took t waits COUNT_SHARE x t before the next: counting a deep backlog every second
+/// took 10 % of a draining worker's CPU (perf, 100,000 rows), now at most 1/COUNT_SHARE.
+const COUNT_SHARE: u32 = 50;
 /// Counting stops here: the figure is for a view, and a deep backlog must not slow its drain.
 const COUNT_CAP: i64 = 1_000_000;
 const RETENTION_CHUNK: i64 = 5000;
@@ -164,6 +167,8 @@ struct Relay {
     /// "feature_outbox relay <index> in <database>", the start of each line it logs.
     tag: String,
     counted_at: Option<Instant>,
+    /// How long the last count took.
+    count_took: Duration,
     sink: Option<(SinkConfig, Sink)>,
     sink_failures: u32,
     /// The last try failed to connect (no server answered), rather than to publish.
@@ -195,6 +200,7 @@ impl Relay {
             workers: workers.max(1),
             tag: format!("feature_outbox relay {index} in \"{database}\""),
             counted_at: None,
+            count_took: Duration::ZERO,
             sink: None,
             sink_failures: 0,
             connect_failed: false,
@@ -571,12 +577,14 @@ impl Relay {
     }
 
     /// Worker 0: counts this database's unpublished rows (neither published nor parked) for
-    /// relay_databases, which cannot connect to each database; at most every COUNT_EVERY.
+    /// relay_databases, which cannot connect to each database: at most every COUNT_EVERY, and in at
+    /// most 1/COUNT_SHARE of its time.
     fn count_unpublished(&mut self) {
-        if self.counted_at.is_some_and(|t| t.elapsed() < COUNT_EVERY) {
+        if self.counted_at.is_some_and(|t| t.elapsed() < COUNT_EVERY.max(self.count_took * COUNT_SHARE)) {
             return;
         }
-        self.counted_at = Some(Instant::now());
+        let started = Instant::now();
+        self.counted_at = Some(started);
         let counted = in_transaction(|| {
             kept_one::<i64>(&format!(
                 "SELECT count(*) FROM (SELECT FROM feature_outbox.outbox WHERE published_at IS NULL AND parked_at IS NULL
@@ -584,6 +592,7 @@ impl Relay {
             ))
         })
         .and_then(|r| r);
+        self.count_took = started.elapsed();
         if let Ok(Some(n)) = counted {
             let at = now();
             if let Some(d) = RELAY.exclusive().database_mut(this_database()) {
