@@ -323,6 +323,28 @@ mod tests {
     use super::*;
     use crate::event::tests::row;
 
+    #[test]
+    fn a_host_is_looked_up_again_only_after_its_addresses_were_kept_a_second() {
+        let resolver = KeptAddresses::default();
+        let config = Agent::config_builder().build();
+        let timeout = || NextTimeout { after: Duration::from_secs(1).into(), reason: ureq::Timeout::Resolve, per_read: None, per_write: None };
+        // .invalid never resolves (RFC 6761): an answer for it can only come from what was kept.
+        let uri: Uri = "https://hooks.example.invalid/hook".parse().unwrap();
+        let mut addresses = resolver.empty();
+        addresses.push("192.0.2.7:443".parse().unwrap());
+        resolver.kept.lock().unwrap().insert("hooks.example.invalid:443".into(), (Instant::now(), addresses));
+        let got = resolver.resolve(&uri, &config, timeout()).expect("the kept addresses");
+        assert_eq!(got.iter().map(|a| a.to_string()).collect::<Vec<_>>(), ["192.0.2.7:443"]);
+        // Kept for longer than ADDRESSES_KEPT: the name is looked up again, and a DNS change is seen.
+        resolver.kept.lock().unwrap().get_mut("hooks.example.invalid:443").unwrap().0 = Instant::now() - ADDRESSES_KEPT;
+        assert!(resolver.resolve(&uri, &config, timeout()).is_err());
+        // An address literal needs no name service; its answer is kept like any other.
+        let local: Uri = "http://127.0.0.1:9/hook".parse().unwrap();
+        let got = resolver.resolve(&local, &config, timeout()).expect("a literal");
+        assert_eq!(got.iter().map(|a| a.to_string()).collect::<Vec<_>>(), ["127.0.0.1:9"]);
+        assert!(resolver.kept.lock().unwrap().contains_key("127.0.0.1:9"));
+    }
+
     fn sink(batch: usize, max_body: usize) -> HttpSink {
         let config = SinkConfig {
             endpoint: "http://127.0.0.1:9/hook".into(),
