@@ -10,9 +10,7 @@ Drains: the in-worker floor (e, discard sink), JetStream (a), and webhooks to De
 http_concurrency 1 and 8. The backlog is polled from one kept connection (its CPU is the poller's
 own column, not PostgreSQL's). Prints a markdown table; asserts nothing about speed."""
 
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
 sys.path.insert(0, str(ROOT / "bench"))
-from conftest import COUNTIES, RUN_DIR, Cluster, free_port  # noqa: E402
+from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
 from relay_harness import NatsServer, wait_for  # noqa: E402
-from results import DB, Nginx, configure, fill, memory, paused, stream_count, wait_drained  # noqa: E402
+from results import DB, Nginx, configure, load_counties, memory, worker_drain  # noqa: E402
 
 BACKLOG = int(os.environ.get("BENCH_BACKLOG", "100000"))
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
@@ -57,35 +55,45 @@ def children(parent: int) -> list[int]:
     return out
 
 
+class Meter:
+    """Around one drain (results.worker_drain's meter): wall time, CPU seconds the machine was busy,
+    and the CPU seconds of each process group. PostgreSQL's other processes are taken as they are at
+    the start and at the end: a process that started meanwhile counts whole, one that exited
+    meanwhile falls to the rest of the machine."""
+
+    def __init__(self, c: Cluster, groups: dict):
+        self.postmaster = int((c.dir / "data" / "postmaster.pid").read_text().split()[0])
+        self.groups = {"relay worker": [memory(c)[0][0]], **groups}
+
+    def __call__(self, poller):
+        self.pids = {**self.groups, "poller": [poller.info.backend_pid]}
+        return self
+
+    def cpu(self) -> dict:
+        ours = {p for v in self.pids.values() for p in v}
+        by_group = {k: {p: cpu_seconds(p) for p in v} for k, v in self.pids.items()}
+        by_group["PostgreSQL, other"] = {p: cpu_seconds(p) for p in [self.postmaster, *children(self.postmaster)] if p not in ours}
+        return by_group
+
+    def __enter__(self):
+        self.before, self.busy, self.t = self.cpu(), busy_seconds(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.busy = time.monotonic() - self.t, busy_seconds() - self.busy
+        after = self.cpu()
+        self.spent = {k: sum(max(0.0, cpu - self.before[k].get(p, 0.0)) for p, cpu in after[k].items() if cpu) for k in after}
+        return False
+
+
 def drain(c: Cluster, server: NatsServer, run: int, sink: str | None, groups: dict) -> dict:
-    """One timed drain: events/s, cores busy, and CPU µs per event of each process group."""
-    stream = f"X{run}"
-    configure(c, nats_stream=stream, nats_subject_prefix=f"x{run}")
-    fill(c, BACKLOG)
-    poller = c.connect(DB)
-    worker = memory(c)[0][0]
-    postmaster = int((c.dir / "data" / "postmaster.pid").read_text().split()[0])
-    pids = {"relay worker": [worker], **groups, "poller": [poller.info.backend_pid]}
-    # PostgreSQL's other processes, as they are at the start and at the end: a process that
-    # started meanwhile counts whole, one that exited meanwhile falls to the rest of the machine.
-    others = lambda: {p: cpu_seconds(p) for p in [postmaster, *children(postmaster)] if p not in (worker, poller.info.backend_pid)}  # noqa: E731
-    before = {k: {p: cpu_seconds(p) for p in v} for k, v in pids.items()}
-    before["PostgreSQL, other"] = others()
-    busy, t = busy_seconds(), time.monotonic()
-    configure(c, endpoint=sink or server.url)
-    wait_drained(poller)
-    wall, busy = time.monotonic() - t, busy_seconds() - busy
-    after = {k: {p: cpu_seconds(p) for p in v} for k, v in pids.items()}
-    after["PostgreSQL, other"] = others()
-    spent = {k: sum(max(0.0, cpu - before[k].get(p, 0.0)) for p, cpu in after[k].items() if cpu) for k in after}
-    poller.close()
-    if sink is None:
-        arrived = stream_count(server, stream)
-        assert arrived == BACKLOG, f"{arrived} of {BACKLOG} events in stream {stream}"
-    paused(c)
-    us = {k: v * 1e6 / BACKLOG for k, v in spent.items()}
-    us["rest of the machine"] = max(0.0, busy * 1e6 / BACKLOG - sum(us.values()))
-    return {"rate": BACKLOG / wall, "cores": busy / wall, "us": us}
+    """One timed drain (results.worker_drain): events/s, cores busy, and CPU µs per event of each
+    process group."""
+    meter = Meter(c, groups)
+    rate = worker_drain(c, server, run, sink_url=sink, meter=meter)
+    us = {k: v * 1e6 / BACKLOG for k, v in meter.spent.items()}
+    us["rest of the machine"] = max(0.0, meter.busy * 1e6 / BACKLOG - sum(us.values()))
+    return {"rate": rate, "cores": meter.busy / meter.wall, "us": us}
 
 
 def main():
@@ -97,23 +105,22 @@ def main():
     nginx = None
     try:
         c.create_db(DB)
-        counties = [(int(r["id"]), json.dumps(r["geometry"])) for r in map(json.loads, COUNTIES.read_text().splitlines())]
-        with c.connect(DB) as conn:
-            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany("SELECT feature_outbox.edit_feature(%s, %s, 'created')", counties)
+        load_counties(c)
         wait_for(lambda: memory(c) and len(memory(c)) == 1, 20, "the worker")
         nginx = Nginx()
         nats_pids = [server.proc.pid]
         nginx_pids = [nginx.proc.pid, *children(nginx.proc.pid)]
-        drains = [("(e) in-worker floor, discard sink", "discard://floor", {}, {}),
-                  ("(a) JetStream", None, {"nats-server": nats_pids}, {}),
-                  ("HTTP to nginx, http_concurrency 1", nginx.url, {"nginx": nginx_pids}, {"http_concurrency": 1, "http_batch": 1}),
-                  ("HTTP to nginx, http_concurrency 8", nginx.url, {"nginx": nginx_pids}, {"http_concurrency": 8, "http_batch": 1})]
+        # nats-server and nginx are counted in every drain: the stream a JetStream drain leaves is
+        # deleted after it, and nats-server's work on that overlaps the next drain.
+        groups = {"nats-server": nats_pids, "nginx": nginx_pids}
+        drains = [("(e) in-worker floor, discard sink", "discard://floor", {}),
+                  ("(a) JetStream", None, {}),
+                  ("HTTP to nginx, http_concurrency 1", nginx.url, {"http_concurrency": 1, "http_batch": 1}),
+                  ("HTTP to nginx, http_concurrency 8", nginx.url, {"http_concurrency": 8, "http_batch": 1})]
         results = {name: [] for name, *_ in drains}
         run = 0
         for _ in range(REPEATS):  # alternating, so that drift on a noisy machine touches every row alike
-            for name, sink, groups, settings in drains:
+            for name, sink, settings in drains:
                 if settings:
                     configure(c, **settings)
                 run += 1

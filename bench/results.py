@@ -18,6 +18,7 @@ nats-server, the shared counties. Every figure is the median of REPEATS runs wit
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -85,6 +86,16 @@ def fill(c, n, db=DB):
         conn.execute("VACUUM ANALYZE feature_outbox.outbox")
 
 
+def load_counties(c):
+    """The extension in DB and every county created through edit_feature; the (id, GeoJSON) pairs."""
+    counties = [(int(r["id"]), json.dumps(r["geometry"])) for r in map(json.loads, COUNTIES.read_text().splitlines())]
+    with c.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany("SELECT feature_outbox.edit_feature(%s, %s, 'created')", counties)
+    return counties
+
+
 def wait_drained(conn):
     """Waits until the outbox of conn's database has no unpublished row, polling every 20 ms. Each
     look starts at the lowest unpublished id the last one found: published_at never goes back to
@@ -116,17 +127,19 @@ def stream_count(server, stream):
     return asyncio.run(count())
 
 
-def worker_drain(c, server, run, sink_url=None):
+def worker_drain(c, server, run, sink_url=None, meter=lambda poller: contextlib.nullcontext()):
     """Events/s of the in-database relay draining the backlog from the moment it is pointed at the
-    sink; the stream (its own, per run) must then hold every event once."""
+    sink; the stream (its own, per run) must then hold every event once. `meter(poller)`, a context
+    manager, is entered just before the sink is set and left once the backlog is drained (poller:
+    the connection that watches it)."""
     stream, prefix = f"R{run}", f"r{run}"
     configure(c, nats_stream=stream, nats_subject_prefix=prefix)
     fill(c, BACKLOG)
-    t = time.monotonic()
-    with c.connect(DB) as conn:
+    with c.connect(DB) as conn, meter(conn):
+        t = time.monotonic()
         configure(c, endpoint=sink_url or server.url)
         wait_drained(conn)
-    rate = BACKLOG / (time.monotonic() - t)
+        rate = BACKLOG / (time.monotonic() - t)
     if sink_url is None:
         arrived = stream_count(server, stream)
         assert arrived == BACKLOG, f"{arrived} of {BACKLOG} events in stream {stream}"
@@ -412,14 +425,7 @@ def main():
     try:
         c.create_db(DB)
         c.restart()
-        counties = []
-        for line in COUNTIES.read_text().splitlines():
-            r = json.loads(line)
-            counties.append((int(r["id"]), json.dumps(r["geometry"])))
-        with c.connect(DB) as conn:
-            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany("SELECT feature_outbox.edit_feature(%s, %s, 'created')", counties)
+        counties = load_counties(c)
         say(f"# feature_outbox benchmark results")
         say()
         say(f"`make bench` ({os.cpu_count()} cores, release build, "

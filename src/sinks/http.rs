@@ -57,11 +57,9 @@ struct KeptAddresses {
 
 impl Resolver for KeptAddresses {
     fn resolve(&self, uri: &Uri, config: &ureq::config::Config, timeout: NextTimeout) -> Result<ResolvedSocketAddrs, ureq::Error> {
-        let key = uri.to_string();
-        let key = match (uri.scheme(), uri.authority()) {
-            (Some(scheme), Some(authority)) => DefaultResolver::host_and_port(scheme, authority).unwrap_or(key),
-            _ => key,
-        };
+        let key = (uri.scheme().zip(uri.authority()))
+            .and_then(|(scheme, authority)| DefaultResolver::host_and_port(scheme, authority))
+            .unwrap_or_else(|| uri.to_string());
         if let Some((at, addresses)) = self.kept.lock().unwrap_or_else(|e| e.into_inner()).get(&key)
             && at.elapsed() < ADDRESSES_KEPT
         {
