@@ -7,6 +7,7 @@
 //! layer's rows row-level, so they retry and park with the reason as last_error.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -27,7 +28,7 @@ use crate::subxact;
 //   partial index outbox_waiting holds exactly them.
 // Within a batch, publish() sends a feature's rows in id order, each after the one before it was
 // acknowledged.
-pub const CLAIM_SQL: &str = "
+const CLAIM_SELECT: &str = "
 SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
@@ -41,13 +42,21 @@ SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.
                     WHERE w.published_at IS NULL AND w.next_attempt_at IS NOT NULL AND w.parked_at IS NULL
                       AND w.feature_id = o.feature_id AND w.next_attempt_at > now() AND w.layer = o.layer
                       AND w.id < o.id)
- ORDER BY o.id
- LIMIT $1
-   FOR UPDATE OF o SKIP LOCKED";
+ ";
+
+/// The claim: the rows locked, those locked elsewhere skipped.
+static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} ORDER BY o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED"));
+
+/// The claim ahead, read while the batch claimed before it is in flight: without locks, which would
+/// not outlive this transaction (the transaction that sends it locks its rows again, see
+/// relay.rs `Built::relock`), and without that batch's own rows ($5). Run unprepared, so the planner
+/// sees $5 as a constant and looks it up in a hash table (PostgreSQL 15's hashed NOT IN): kept as a
+/// generic plan, each row would walk the whole array.
+static CLAIM_AHEAD_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} AND o.id <> ALL($5) ORDER BY o.id LIMIT $1"));
 
 /// The claim's planner settings, for its transaction only (see `claim`).
-const PLANNER_SQL: &str =
-    "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)";
+const PLANNER_SQL: &str = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+                                   set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)";
 
 // Each layer's read statement, built from its registry row: the key as text (the claimed keys, a
 // text[], are cast to the id column's type, bigint for integer keys), the current version, the geometry in
@@ -82,10 +91,10 @@ fn text(e: impl std::fmt::Display) -> String {
 }
 
 /// Claims up to `limit` rows of worker `index`'s features (of `workers`) from the low-water mark up,
-/// leaving out the ids in `held` (rows this transaction claimed already: SKIP LOCKED does not skip
-/// a transaction's own locks, so the scan returns them again), and fills in each one's current
-/// feature row. From the mark, not from above `held`: a row below them that became claimable since
-/// (a late commit, a retry come due) is taken in its feature's order.
+/// and fills in each one's current feature row. With `held` (the batch this transaction claimed
+/// already), it claims ahead: it leaves those rows out, and takes no lock (`CLAIM_AHEAD_SQL`). From
+/// the mark, not from above `held`: a row below them that became claimable since (a late commit, a
+/// retry come due) is taken in its feature's order.
 pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usize, held: &HashSet<i64>) -> Result<Vec<Row>, String> {
     // A freshly loaded backlog has no statistics yet: the planner then picks a bitmap scan and sorts
     // every unpublished row (17 ms per batch at 50k rows, measured) instead of reading the first n
@@ -95,22 +104,26 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
     // a batch (bench/ab_bench.py: 1,500 events/s against 0.2.0's 20,000 before this).
     // Every statement of the relay's loop is a kept plan: parsing and planning them anew took half
     // of an idle worker's CPU at 1,000 edits/s (perf, issue 24).
+    // And their generic plans, always: the plan cache chose a custom plan for the layer registry's
+    // read at every batch, and planning it took 28 % of a worker's CPU at 1,000 edits/s (perf).
     let settings = prepared(client, PLANNER_SQL, &[], true);
     client.update(&*settings, None, &[]).map_err(text)?;
     // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
     let low_water = crate::relay_state::low_water();
-    let args = [(limit + held.len() as i64).into(), low_water.into(), (workers as i32).into(), (index as i32).into()];
-    let plan = prepared(client, CLAIM_SQL, &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT4OID], true);
-    let table = client.update(&*plan, None, &args).map_err(text)?;
+    let mut args = vec![limit.into(), low_water.into(), (workers as i32).into(), (index as i32).into()];
+    // Read-write either way: SPI then takes a fresh snapshot, which sees the rows committed since
+    // this transaction began.
+    let table = if held.is_empty() {
+        let plan = prepared(client, &CLAIM_SQL, &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT4OID], true);
+        client.update(&*plan, None, &args)
+    } else {
+        args.push(held.iter().copied().collect::<Vec<i64>>().into());
+        client.update(CLAIM_AHEAD_SQL.as_str(), None, &args)
+    }
+    .map_err(text)?;
     let mut rows = Vec::with_capacity(table.len());
     for r in table {
-        if rows.len() as i64 >= limit {
-            break;
-        }
         let id = r.get::<i64>(1).map_err(text)?.unwrap_or_default();
-        if held.contains(&id) {
-            continue;
-        }
         let get_s = |i| r.get::<String>(i).map_err(text);
         rows.push(Row {
             id,

@@ -18,6 +18,7 @@ use crate::event::{self, Row};
 use crate::relay_state::{MAX_SLOTS, Presence, RELAY, WorkerState, now, this_database};
 use crate::settings;
 use crate::subxact;
+use crate::sinks::nats::{NatsSink, Pending};
 use crate::sinks::{Outcome, Sink, SinkConfig};
 
 /// The release whose SQL this library runs; the relay waits until the schema is at it.
@@ -181,8 +182,12 @@ struct Relay {
     limits_logged: Option<String>,
     /// Worker 0 keeps the claim's low-water mark.
     low_water: LowWater,
-    /// The next batch, claimed, read and encoded while the last one's PubAcks came back.
+    /// The next batch, read and encoded while the last one was in flight (on JetStream, sent ahead).
     prefetched: Option<Built>,
+    /// Rows read ahead in this drain that could not be locked (another transaction holds them) or
+    /// were left out for their feature's order: later reads ahead in the drain leave them out too,
+    /// so that they are not sent ahead again with every batch.
+    passed_over: HashSet<i64>,
     /// Whether this worker logged that it pipelines (once per process).
     pipelined_logged: bool,
     /// A row-level failure since the last look for rows waiting for their retry time found none.
@@ -210,6 +215,7 @@ impl Relay {
             limits_logged: None,
             low_water: LowWater::default(),
             prefetched: None,
+            passed_over: HashSet::new(),
             pipelined_logged: false,
             retries_pending: true,
             due_checked_at: None,
@@ -287,6 +293,7 @@ impl Relay {
             Ok(()) => self.waiting_logged = None,
             Err(wait) => return wait,
         }
+        self.passed_over.clear();
         loop {
             // A long backlog must not delay shutdown or a settings reload.
             if stopping() {
@@ -448,6 +455,8 @@ impl Relay {
         }
         if self.sink.as_ref().is_none_or(|(c, _)| *c != config) {
             self.sink = None;
+            // A batch claimed ahead may have been sent ahead to the old sink: it is claimed afresh.
+            self.prefetched = None;
             let sink = Sink::connect(&config, &self.tag)?;
             if let Sink::Nats(nats) = &sink
                 && nats.limits_differ.is_some()
@@ -481,14 +490,19 @@ impl Relay {
         let (slot, index, workers) = (self.slot, self.index, self.workers);
         let tag = &self.tag;
         let prefetched = self.prefetched.take();
+        // A batch read ahead may have lost rows to its lock (they were locked elsewhere, or left out
+        // for their feature's order): then a full backlog can leave a short batch. Claim once more
+        // before calling the backlog drained.
+        let read_ahead = prefetched.is_some();
+        let passed_over = &mut self.passed_over;
         let sink = &mut self.sink.as_mut().expect("connected above").1;
         let (result, next) = in_transaction(|| {
             Spi::connect_mut(|client| -> Result<(Published, Option<Built>), String> {
                 let batch = match prefetched {
-                    Some(p) => p.relock(client)?,
+                    Some(p) => p.relock(client, passed_over)?,
                     None => Built::default(),
                 };
-                let batch = if batch.rows.is_empty() {
+                let mut batch = if batch.rows.is_empty() {
                     let rows = claim(client, limit, index, workers, &HashSet::new())?;
                     if rows.is_empty() {
                         return Ok((Published::default(), None));
@@ -499,15 +513,16 @@ impl Relay {
                 };
                 update_slot(slot, |s| s.state = WorkerState::Publishing);
                 // Claim, read and encode the next batch while this one is in flight (JetStream's
-                // PubAcks, HTTP's requests). It is claimed from the low-water mark, leaving out this
-                // batch's rows (SKIP LOCKED does not skip this transaction's own locks), and sent by
-                // the next transaction, after this one marked, so a feature's events stay in order.
+                // PubAcks, HTTP's requests). It is read from the low-water mark, without this batch's
+                // rows and without locks (claim.rs), and locked by the next transaction. A feature's
+                // events stay in order: JetStream gets it once this batch is acknowledged, before
+                // this batch's mark (send_ahead); HTTP in the next transaction.
                 let mut next: Result<Option<Built>, String> = Ok(None);
                 let full = batch.rows.len() as i64 >= limit;
-                let outcomes = publish(sink, &batch.rows, &batch.events, &batch.relayed_at, || {
+                let outcomes = publish(sink, &batch.rows, &batch.events, &batch.relayed_at, batch.ahead.take(), || {
                     if full {
                         // In a subtransaction: a failed claim ahead must not cost this batch its mark.
-                        let held: HashSet<i64> = batch.rows.iter().map(|r| r.id).collect();
+                        let held: HashSet<i64> = batch.rows.iter().map(|r| r.id).chain(passed_over.iter().copied()).collect();
                         next = subxact::run(|| {
                             claim(client, limit, index, workers, &held)
                                 .and_then(|rows| if rows.is_empty() { Ok(None) } else { Ok(Some(Built::new(rows, relayed_at(client)?))) })
@@ -520,10 +535,16 @@ impl Relay {
                     None
                 });
                 crash_if_requested(&outcomes);
-                let published = mark(client, &batch.rows, &outcomes)?;
                 // After a sink failure nothing goes on; a feature whose event here was not delivered
                 // keeps its next rows back (they are claimed again, in order, later).
-                let next = if published.sink_error.is_some() { None } else { next.map(|n| n.after(&batch.rows, &outcomes)) };
+                let sink_failed = outcomes.iter().any(|o| matches!(o, Outcome::SinkFailed { .. }));
+                let mut next = if sink_failed { None } else { next.map(|n| n.after(&batch.rows, &outcomes)) };
+                // JetStream: the next batch goes out now, and the server takes it in while this one
+                // is marked and committed (the worker would otherwise wait for its PubAcks later).
+                if let (Some(next), Sink::Nats(nats)) = (next.as_mut(), &mut *sink) {
+                    next.send_ahead(nats);
+                }
+                let published = mark(client, &batch.rows, &outcomes)?;
                 Ok((published, next))
             })
         })
@@ -537,7 +558,7 @@ impl Relay {
         self.account(&result);
         Ok(match result.sink_error {
             Some((error, retry_after)) => BatchEnd::SinkDown(error, retry_after),
-            None if result.claimed as i64 >= limit || result.not_tried > 0 || self.prefetched.is_some() => BatchEnd::More,
+            None if result.claimed as i64 >= limit || result.not_tried > 0 || self.prefetched.is_some() || read_ahead => BatchEnd::More,
             None => BatchEnd::Drained,
         })
     }
@@ -742,6 +763,15 @@ struct Built {
     rows: Vec<Row>,
     events: Vec<Result<Vec<u8>, String>>,
     relayed_at: String,
+    /// JetStream: the first row of each feature, sent ahead by the transaction before, with their
+    /// PubAcks to come (`send_ahead`).
+    ahead: Option<Ahead>,
+}
+
+/// The rows of a batch sent ahead, by outbox id, and their PubAcks to come.
+struct Ahead {
+    ids: Vec<i64>,
+    pending: Pending,
 }
 
 impl Built {
@@ -755,7 +785,7 @@ impl Built {
                 None => event::to_json(row, &relayed_at).map_err(|e| format!("cannot build the event: {e}")),
             })
             .collect();
-        Built { rows, events, relayed_at }
+        Built { rows, events, relayed_at, ahead: None }
     }
 
     /// This prefetched batch without the rows of features whose event in `rows` was not delivered.
@@ -781,9 +811,33 @@ impl Built {
         self.rows.retain(|_| k.next().unwrap_or(false));
     }
 
-    /// Locks this prefetched batch's rows again, in the transaction that sends it (the one that
-    /// claimed them has committed), keeping those still unpublished and not locked elsewhere.
-    fn relock(mut self, client: &mut SpiClient<'_>) -> Result<Built, String> {
+    /// Sends this prefetched batch's first row of each feature to JetStream now, before the batch
+    /// before it is marked and committed, so that the server takes them in while the worker marks,
+    /// commits and locks them again. Called only once every row of that batch was acknowledged or
+    /// had its feature left out (`after`), so a feature's events still go out in order. A row sent
+    /// ahead that cannot be locked again (another worker took it meanwhile) is sent, not marked,
+    /// and goes out again: at-least-once, and JetStream drops the copy by its Nats-Msg-Id.
+    fn send_ahead(&mut self, nats: &mut NatsSink) {
+        let round = rounds(&self.rows);
+        let first: Vec<usize> = (0..self.rows.len()).filter(|&i| round[i] == 0 && self.events[i].is_ok()).collect();
+        if first.is_empty() {
+            return;
+        }
+        let bodies: Vec<&[u8]> = first.iter().map(|&i| self.events[i].as_deref().unwrap_or_default()).collect();
+        let pending = if first.len() == self.rows.len() {
+            nats.begin(&self.rows, &bodies, &self.relayed_at)
+        } else {
+            let rows: Vec<Row> = first.iter().map(|&i| self.rows[i].clone()).collect();
+            nats.begin(&rows, &bodies, &self.relayed_at)
+        };
+        let ids = first.iter().map(|&i| self.rows[i].id).collect();
+        self.ahead = Some(Ahead { ids, pending });
+    }
+
+    /// Locks this prefetched batch's rows, in the transaction that marks them (the one that read
+    /// them ahead took no locks), keeping those still unpublished and not locked elsewhere.
+    /// The ids of the rows it leaves out go into `passed_over`.
+    fn relock(mut self, client: &mut SpiClient<'_>, passed_over: &mut HashSet<i64>) -> Result<Built, String> {
         let ids: Vec<i64> = self.rows.iter().map(|r| r.id).collect();
         let plan = prepared(
             client,
@@ -806,6 +860,7 @@ impl Built {
                 let keep = locked.contains(&r.id) && !dropped.contains(&feature);
                 if !keep {
                     dropped.insert(feature);
+                    passed_over.insert(r.id);
                 }
                 keep
             })
@@ -820,9 +875,17 @@ impl Built {
 /// A row whose event could not be built fails alone and never blocks other features; its feature's
 /// later rows wait (NotTried). `meanwhile` runs while round 0 is in flight: on JetStream while its
 /// PubAcks come back, on HTTP while its requests are out.
-fn publish(sink: &mut Sink, rows: &[Row], events: &[Result<Vec<u8>, String>], relayed_at: &str, meanwhile: impl FnOnce()) -> Vec<Outcome> {
+fn publish(sink: &mut Sink, rows: &[Row], events: &[Result<Vec<u8>, String>], relayed_at: &str, ahead: Option<Ahead>, meanwhile: impl FnOnce()) -> Vec<Outcome> {
     let round = rounds(rows);
     let mut meanwhile = Some(meanwhile);
+    // Rows sent ahead (JetStream): their outcomes come from their PubAcks, awaited after `meanwhile`.
+    let mut ahead_outcomes: HashMap<i64, Outcome> = HashMap::new();
+    if let (Sink::Nats(nats), Some(Ahead { ids, pending })) = (&mut *sink, ahead) {
+        if let Some(f) = meanwhile.take() {
+            f();
+        }
+        ahead_outcomes = ids.into_iter().zip(nats.finish(pending)).collect();
+    }
     let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
     let mut blocked: HashSet<(&str, i64)> = HashSet::new();
     for k in 0..=round.iter().copied().max().unwrap_or(0) {
@@ -830,6 +893,10 @@ fn publish(sink: &mut Sink, rows: &[Row], events: &[Result<Vec<u8>, String>], re
         for (i, row) in rows.iter().enumerate().filter(|(i, _)| round[*i] == k) {
             if blocked.contains(&(row.layer.as_str(), row.feature_id)) {
                 outcomes[i] = Some(Outcome::NotTried);
+                continue;
+            }
+            if let Some(outcome) = ahead_outcomes.remove(&row.id) {
+                outcomes[i] = Some(outcome);
                 continue;
             }
             match &events[i] {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, object_store, stream};
 use async_nats::{Client, ConnectOptions, HeaderMap};
+use bytes::Bytes;
 use futures::future::join_all;
 use tokio::runtime::Runtime;
 
@@ -163,90 +164,122 @@ impl NatsSink {
         self.finish(pending)
     }
 
-    /// Sends the batch and returns with the last chunk's PubAcks still to come (`finish` awaits
-    /// them), so that the worker can claim and encode its next batch meanwhile. Earlier chunks, in
-    /// a batch over IN_FLIGHT, are acknowledged before the next is sent.
+    /// Hands the batch to the runtime's thread, which builds each message (subjects, headers),
+    /// sends it and collects the PubAcks, and returns at once: the worker's own thread meanwhile
+    /// claims, encodes and marks (`finish` awaits the outcomes). Chunks of IN_FLIGHT messages: in a
+    /// batch over IN_FLIGHT, a chunk is acknowledged before the next is sent. The geometry of an
+    /// event over max_payload is stored in the object bucket first, on the worker's thread.
     pub fn begin(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Pending {
         let max_payload = self.client.server_info().max_payload;
         // An event over max_payload carries its geometry by reference: the geometry goes into the
         // object bucket first, and the event follows only once the object is stored.
         // Once the bucket failed, later oversized rows are not tried: each store could wait out its
         // own timeouts, and the batch backs off anyway.
-        let mut by_ref: Vec<Option<Result<Vec<u8>, Outcome>>> = vec![None; rows.len()];
         let mut bucket_failed = false;
-        for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
-            if too_large(body.len(), max_payload) {
+        let mut outgoing = Vec::with_capacity(rows.len());
+        for (row, body) in rows.iter().zip(bodies) {
+            let body = if too_large(body.len(), max_payload) {
                 let stored = if bucket_failed { Err(Outcome::NotTried) } else { self.store_geometry(row, relayed_at, max_payload) };
                 bucket_failed |= matches!(stored, Err(Outcome::SinkFailed { .. }));
-                by_ref[i] = Some(stored);
-            }
+                stored.map(Bytes::from)
+            } else {
+                Ok(Bytes::copy_from_slice(body))
+            };
+            // What the messages need of the row: not its geometry or properties (in the body).
+            let row = Row { geometry: None, properties: None, ..row.clone() };
+            outgoing.push((row, body));
         }
-        let (js, timeout) = (&self.js, self.timeout);
-        let (prefix, legacy, resolutions) = (self.prefix.as_str(), self.legacy_subjects, self.resolutions.as_slice());
-        let headers = |row: &Row, message: Message| headers(self.envelope, &self.database, prefix, row, message);
-        block_on(&self.runtime, async {
-            let mut done = Vec::with_capacity(rows.len());
-            let mut in_flight = Vec::new();
-            for (rows, bodies) in rows.chunks(IN_FLIGHT).zip(bodies.chunks(IN_FLIGHT)) {
-                if !in_flight.is_empty() {
-                    done.extend(acknowledge_all(std::mem::take(&mut in_flight), timeout).await);
-                }
-                if done.iter().any(|o| matches!(o, Outcome::SinkFailed { .. })) {
-                    done.extend(rows.iter().map(|_| Outcome::NotTried));
-                    continue;
-                }
-                let first = done.len();
-                for (i, (row, body)) in rows.iter().zip(bodies).enumerate() {
-                    let body: &[u8] = match &by_ref[first + i] {
-                        None => body,
-                        Some(Ok(thin)) => thin,
-                        Some(Err(outcome)) => {
-                            in_flight.push((Err(outcome.clone()), None));
-                            continue;
-                        }
-                    };
-                    let subjects = match subjects::of(prefix, legacy, resolutions, row) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            in_flight.push((Err(Outcome::RowFailed(e)), None));
-                            continue;
-                        }
-                    };
-                    let event = send(js, timeout, max_payload, headers(row, Message::Event), subjects.event, &row.event_id, body).await;
-                    // The departure notice goes out beside the event, under its own message id, so
-                    // that dedup keeps one of each; the row counts as delivered only with both PubAcks.
-                    let departed = match (&event, subjects.departed) {
-                        (Ok(_), Some(subject)) => {
-                            let id = subjects::departed_id(&row.event_id);
-                            Some(send(js, timeout, max_payload, headers(row, Message::Departed), subject, &id, body).await)
-                        }
-                        _ => None,
-                    };
-                    in_flight.push((event, departed));
-                }
-            }
-            Pending { done, in_flight }
-        })
+        let sender = Sender {
+            js: self.js.clone(),
+            timeout: self.timeout,
+            max_payload,
+            prefix: self.prefix.clone(),
+            legacy: self.legacy_subjects,
+            resolutions: self.resolutions.clone(),
+            envelope: self.envelope,
+            database: self.database.clone(),
+        };
+        let n = outgoing.len();
+        Pending(crate::signals::blocked(|| self.runtime.spawn(sender.send_all(outgoing))), n)
     }
 
-    /// Awaits the PubAcks `begin` left in flight: one outcome per row of its batch, in order.
+    /// Awaits the outcomes of the batch `begin` handed over: one per row, in order.
     pub fn finish(&mut self, pending: Pending) -> Vec<Outcome> {
-        let Pending { mut done, in_flight } = pending;
-        let timeout = self.timeout;
-        done.extend(block_on(&self.runtime, acknowledge_all(in_flight, timeout)));
+        let n = pending.1;
+        match block_on(&self.runtime, pending.0) {
+            Ok(outcomes) => outcomes,
+            // The task panicked or was cancelled: nothing is known of any row; send it all again.
+            Err(e) => vec![Outcome::SinkFailed { error: format!("publishing failed: {e}"), retry_after: None }; n],
+        }
+    }
+}
+
+/// A batch `begin` handed to the runtime: its outcomes to come, and its row count.
+pub struct Pending(tokio::task::JoinHandle<Vec<Outcome>>, usize);
+
+/// Everything the runtime's thread needs to send a batch, owned: no Postgres call is made there.
+struct Sender {
+    js: jetstream::Context,
+    timeout: Duration,
+    max_payload: usize,
+    prefix: String,
+    legacy: bool,
+    resolutions: Vec<u8>,
+    envelope: Envelope,
+    database: String,
+}
+
+impl Sender {
+    /// Sends each row's event (and departure notice), in chunks, and returns each row's outcome.
+    /// After a sink-level failure the rest is not tried.
+    async fn send_all(self, outgoing: Vec<(Row, Result<Bytes, Outcome>)>) -> Vec<Outcome> {
+        let (js, timeout, max_payload) = (&self.js, self.timeout, self.max_payload);
+        let mut done = Vec::with_capacity(outgoing.len());
+        let mut in_flight = Vec::new();
+        for chunk in outgoing.chunks(IN_FLIGHT) {
+            if !in_flight.is_empty() {
+                done.extend(acknowledge_all(std::mem::take(&mut in_flight), timeout).await);
+            }
+            if done.iter().any(|o| matches!(o, Outcome::SinkFailed { .. })) {
+                done.extend(chunk.iter().map(|_| Outcome::NotTried));
+                continue;
+            }
+            for (row, body) in chunk {
+                let body = match body {
+                    Ok(body) => body,
+                    Err(outcome) => {
+                        in_flight.push((Err(outcome.clone()), None));
+                        continue;
+                    }
+                };
+                let subjects = match subjects::of(&self.prefix, self.legacy, &self.resolutions, row) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        in_flight.push((Err(Outcome::RowFailed(e)), None));
+                        continue;
+                    }
+                };
+                let headers = |message| headers(self.envelope, &self.database, &self.prefix, row, message);
+                let event = send(js, timeout, max_payload, headers(Message::Event), subjects.event, &row.event_id, body.clone()).await;
+                // The departure notice goes out beside the event, under its own message id, so
+                // that dedup keeps one of each; the row counts as delivered only with both PubAcks.
+                let departed = match (&event, subjects.departed) {
+                    (Ok(_), Some(subject)) => {
+                        let id = subjects::departed_id(&row.event_id);
+                        Some(send(js, timeout, max_payload, headers(Message::Departed), subject, &id, body.clone()).await)
+                    }
+                    _ => None,
+                };
+                in_flight.push((event, departed));
+            }
+        }
+        done.extend(acknowledge_all(in_flight, timeout).await);
         done
     }
 }
 
 /// A sent message's PubAck to come, or the row's outcome when it was not sent.
 type Sent = Result<jetstream::context::PublishAckFuture, Outcome>;
-
-/// A batch `begin` sent: the outcomes of its acknowledged chunks, and the rows whose PubAcks (of the
-/// event, and of its departure notice) are still to come.
-pub struct Pending {
-    done: Vec<Outcome>,
-    in_flight: Vec<(Sent, Option<Sent>)>,
-}
 
 /// Each row's outcome: delivered only with the PubAck of its event and, if any, of its departure.
 async fn acknowledge_all(in_flight: Vec<(Sent, Option<Sent>)>, timeout: Duration) -> Vec<Outcome> {
@@ -381,7 +414,7 @@ async fn send(
     headers: HeaderMap,
     subject: String,
     msg_id: &str,
-    body: &[u8],
+    body: Bytes,
 ) -> Result<jetstream::context::PublishAckFuture, Outcome> {
     if too_large(body.len(), max_payload) {
         return Err(Outcome::RowFailed(format!(
@@ -390,7 +423,7 @@ async fn send(
         )));
     }
     let message = jetstream::message::PublishMessage::build()
-        .payload(body.to_vec().into())
+        .payload(body)
         .headers(headers)
         .message_id(msg_id);
     match tokio::time::timeout(timeout, js.send_publish(subject, message)).await {
