@@ -148,39 +148,47 @@ def test_a_parked_row_holds_back_its_feature_until_parked_and_no_other(relay, re
             receiver.respond = lambda request: (200, {})
 
 
-def test_a_row_sent_ahead_but_locked_elsewhere_stays_unpublished_and_goes_out_again_once(relay, receiver, nats_server):
+def test_a_row_sent_ahead_but_locked_elsewhere_stays_unpublished_and_holds_back_its_feature(relay, receiver, nats_server):
     """JetStream: a worker reads its next batch ahead without locks and sends it as soon as the batch
     before is acknowledged, before marking that one; it locks the rows read ahead only then. A row
     another transaction holds meanwhile has been sent but cannot be marked: it stays unpublished,
-    is not sent ahead again in the same drain, and goes out again once free, where JetStream drops
+    its feature's later rows wait behind it, and it goes out again once free, where JetStream drops
     the copy by its Nats-Msg-Id (a duplicate PubAck). Every event arrives once, in its feature's
     order, and equals its committed outbox row."""
     first, n = 40_000, 1000
+    move = """SELECT feature_outbox.edit_feature(o.feature_id, format('{"type":"Point","coordinates":[%%s,2]}', %s::int), 'moved')
+                FROM feature_outbox.outbox o WHERE o.id = ANY(%s)"""
     reconfigure(relay, endpoint="")
     try:
         with relay.connect(DB) as conn, relay.connect(DB) as locker:
             conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}',
                                    (i %% 300) - 150, (i %% 80) - 40), 'created')
                               FROM generate_series(%s::bigint, %s::bigint) i""", (first, first + n - 1))
-            # Rows in the middle of every worker's share, held by another transaction.
+            unpublished = lambda: {r[0] for r in conn.execute(
+                "SELECT event_id::text FROM feature_outbox.outbox WHERE feature_id >= %s AND published_at IS NULL", (first,)).fetchall()}
+            # Rows in the middle of every worker's share, held by another transaction. (FOR UPDATE
+            # under an OFFSET would lock the rows the OFFSET skips as well.)
             with locker.transaction():
-                # (FOR UPDATE under an OFFSET would lock the rows the OFFSET skips as well.)
                 locked = dict(locker.execute("""SELECT id, event_id::text FROM feature_outbox.outbox WHERE id IN (
                                                    SELECT id FROM feature_outbox.outbox WHERE feature_id >= %s ORDER BY id OFFSET 400 LIMIT 200)
                                                  FOR UPDATE""", (first,)).fetchall())
+                # Their features' next versions, behind them in the backlog.
+                conn.execute(move, (2, list(locked)))
+                behind = unpublished() - set(locked.values()) - {r[0] for r in conn.execute(
+                    "SELECT event_id::text FROM feature_outbox.outbox WHERE feature_id >= %s AND feature_version = 1", (first,))}
+                assert len(behind) == len(locked)
                 configure(relay, endpoint=nats_server.url)
-                unpublished = lambda: {r[0] for r in conn.execute(
-                    "SELECT id FROM feature_outbox.outbox WHERE feature_id >= %s AND published_at IS NULL", (first,)).fetchall()}
-                wait_for(lambda: unpublished() == set(locked), 60, "every row but the locked ones to be published")
+                wait_for(lambda: unpublished() == set(locked.values()) | behind, 60, "every row but the locked ones and those behind them")
                 in_stream = {m["event"]["event_id"] for m in nats_server.messages() if int(m["event"]["feature_id"]) >= first}
                 sent_ahead = set(locked.values()) & in_stream
-                # The test exercises the path: rows read ahead and sent before the lock stopped them.
+                # The test exercises the path: rows read ahead and sent before the lock stopped them ...
                 assert sent_ahead, "no locked row was sent ahead"
+                # ... and none of the rows behind them went out before them.
+                assert not behind & in_stream, f"{len(behind & in_stream)} events overtook a row held by another transaction"
                 duplicates = conn.execute("SELECT sum(duplicate_acks) FROM feature_outbox.workers").fetchone()[0]
-            # Free again: a new edit of each feature wakes its worker, which sends the old row, then the new.
-            conn.execute("""SELECT feature_outbox.edit_feature(o.feature_id, '{"type":"Point","coordinates":[2,2]}', 'moved')
-                              FROM feature_outbox.outbox o WHERE o.id = ANY(%s)""", (list(locked),))
-            wait_for(lambda: not unpublished(), 60, "the freed rows and the new edits to be published")
+            # Free again: one more edit of each feature wakes its worker, which sends its rows in order.
+            conn.execute(move, (3, list(locked)))
+            wait_for(lambda: not unpublished(), 60, "the freed rows and those behind them to be published")
             # Each sent-ahead row went out again, and JetStream said it had it already.
             assert conn.execute("SELECT sum(duplicate_acks) FROM feature_outbox.workers").fetchone()[0] - duplicates >= len(sent_ahead)
             committed = {r[0]: r[1:] for r in conn.execute(
@@ -192,7 +200,7 @@ def test_a_row_sent_ahead_but_locked_elsewhere_stays_unpublished_and_goes_out_ag
             assert (e["feature_id"], e["event_version"], e["action"], e["routing_key"]) == committed[e["event_id"]]
         seen = by_feature(events)
         moved = {int(committed[i][0]) for i in locked.values()}
-        assert all(v == ([1, 2] if f in moved else [1]) for f, v in seen.items()), "a feature's events out of order"
         assert len(seen) == n
+        assert all(v == ([1, 2, 3] if f in moved else [1]) for f, v in seen.items()), "a feature's events out of order"
     finally:
         configure(relay, endpoint=receiver.url)

@@ -50,13 +50,17 @@ static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} OR
 /// The claim ahead, read while the batch claimed before it is in flight: without locks, which would
 /// not outlive this transaction (the transaction that sends it locks its rows again, see
 /// relay.rs `Built::relock`), and without that batch's own rows ($5). Run unprepared, so the planner
-/// sees $5 as a constant and looks it up in a hash table (PostgreSQL 15's hashed NOT IN): kept as a
-/// generic plan, each row would walk the whole array.
-static CLAIM_AHEAD_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} AND o.id <> ALL($5) ORDER BY o.id LIMIT $1"));
+/// sees $5 as a constant and looks it up in a hash table (a hashed `= ANY`, PostgreSQL 14 and
+/// later): kept as a generic plan, each row would walk the whole array.
+static CLAIM_AHEAD_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} AND NOT (o.id = ANY($5)) ORDER BY o.id LIMIT $1"));
+
+/// plan_cache_mode as it was, then forcing generic plans, for this transaction.
+const GENERIC_SQL: &str = "SELECT current_setting('plan_cache_mode'), set_config('plan_cache_mode', 'force_generic_plan', true)";
+const RESTORE_SQL: &str = "SELECT set_config('plan_cache_mode', $1, true)";
 
 /// The claim's planner settings, for its transaction only (see `claim`).
-const PLANNER_SQL: &str = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
-                                   set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)";
+const PLANNER_SQL: &str =
+    "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)";
 
 // Each layer's read statement, built from its registry row: the key as text (the claimed keys, a
 // text[], are cast to the id column's type, bigint for integer keys), the current version, the geometry in
@@ -104,8 +108,6 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
     // a batch (bench/ab_bench.py: 1,500 events/s against 0.2.0's 20,000 before this).
     // Every statement of the relay's loop is a kept plan: parsing and planning them anew took half
     // of an idle worker's CPU at 1,000 edits/s (perf, issue 24).
-    // And their generic plans, always: the plan cache chose a custom plan for the layer registry's
-    // read at every batch, and planning it took 28 % of a worker's CPU at 1,000 edits/s (perf).
     let settings = prepared(client, PLANNER_SQL, &[], true);
     client.update(&*settings, None, &[]).map_err(text)?;
     // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
@@ -184,6 +186,11 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
     let mut names: Vec<String> = rows.iter().map(|r| r.layer.clone()).collect();
     names.sort();
     names.dedup();
+    // Its generic plan, always: the plan cache chose a custom plan at every batch, and planning it
+    // took 28 % of a worker's CPU at 1,000 edits/s (perf). Only for this read: a layer's own read
+    // keeps its custom plan, which prunes a partitioned table's partitions by the claimed keys.
+    let generic = prepared(client, GENERIC_SQL, &[], true);
+    let mode = client.update(&*generic, None, &[]).and_then(|t| t.first().get_one::<String>()).map_err(text)?.unwrap_or_default();
     let plan = prepared(client, LAYERS_SQL, &[pg_sys::TEXTARRAYOID], false);
     let registry = client.select(&*plan, None, &[names.clone().into()]).map_err(text)?;
     // layer -> (since_id, table owner, read statement), or why it cannot be read and whether that holds it
@@ -202,6 +209,8 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
         };
         reads.insert(layer, read);
     }
+    let restore = prepared(client, RESTORE_SQL, &[pg_sys::TEXTOID], true);
+    client.update(&*restore, None, &[mode.into()]).map_err(text)?;
     let mut held = Vec::new();
     for layer in names {
         let read = reads.remove(&layer).unwrap_or_else(|| Err((format!("layer \"{layer}\" is not registered"), false)));

@@ -49,6 +49,32 @@ pub struct Row {
 }
 
 impl Row {
+    /// This row without its feature's geometry, properties and read error (the event's body
+    /// carries them): what a sink needs beside the body, copied cheaply.
+    pub fn without_content(&self) -> Row {
+        Row {
+            id: self.id,
+            event_id: self.event_id.clone(),
+            layer: self.layer.clone(),
+            registration_id: self.registration_id,
+            feature_id: self.feature_id,
+            feature_key: self.feature_key.clone(),
+            feature_version: self.feature_version,
+            event_type: self.event_type.clone(),
+            routing_key: self.routing_key.clone(),
+            previous_routing_key: self.previous_routing_key.clone(),
+            previous_bbox: self.previous_bbox.clone(),
+            occurred_at: self.occurred_at.clone(),
+            geometry_version: self.geometry_version,
+            geometry: None,
+            properties: None,
+            read_error: None,
+            row_failures: self.row_failures,
+            traceparent: self.traceparent.clone(),
+            tracestate: self.tracestate.clone(),
+        }
+    }
+
     /// The feature's key as events carry it: the application's own key, as text.
     pub fn key(&self) -> String {
         self.feature_key.clone().unwrap_or_else(|| self.feature_id.to_string())

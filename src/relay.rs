@@ -184,10 +184,12 @@ struct Relay {
     low_water: LowWater,
     /// The next batch, read and encoded while the last one was in flight (on JetStream, sent ahead).
     prefetched: Option<Built>,
-    /// Rows read ahead in this drain that could not be locked (another transaction holds them) or
-    /// were left out for their feature's order: later reads ahead in the drain leave them out too,
-    /// so that they are not sent ahead again with every batch.
-    passed_over: HashSet<i64>,
+    /// Features passed over, with the row of each that a read ahead found and could not lock
+    /// (another transaction holds it, or published it). Their rows are left out of every batch, or
+    /// a later row read ahead without locks would overtake the one held. Every poll interval the
+    /// worker looks again, and keeps only the features whose row is still held and unpublished.
+    passed_over: HashMap<(String, i64), i64>,
+    passed_over_since: Option<Instant>,
     /// Whether this worker logged that it pipelines (once per process).
     pipelined_logged: bool,
     /// A row-level failure since the last look for rows waiting for their retry time found none.
@@ -215,7 +217,8 @@ impl Relay {
             limits_logged: None,
             low_water: LowWater::default(),
             prefetched: None,
-            passed_over: HashSet::new(),
+            passed_over: HashMap::new(),
+            passed_over_since: None,
             pipelined_logged: false,
             retries_pending: true,
             due_checked_at: None,
@@ -293,7 +296,6 @@ impl Relay {
             Ok(()) => self.waiting_logged = None,
             Err(wait) => return wait,
         }
-        self.passed_over.clear();
         loop {
             // A long backlog must not delay shutdown or a settings reload.
             if stopping() {
@@ -486,6 +488,11 @@ impl Relay {
             // Before the claim, so a mark that moved is used at once.
             self.advance_low_water();
         }
+        let look_again = self.passed_over_since.is_some_and(|t| t.elapsed() >= poll_interval());
+        if look_again {
+            // Claimed afresh, with locks, after the look: a row held elsewhere may be free now.
+            self.prefetched = None;
+        }
         let limit = settings::BATCH_SIZE.get() as i64;
         let (slot, index, workers) = (self.slot, self.index, self.workers);
         let tag = &self.tag;
@@ -494,16 +501,26 @@ impl Relay {
         // for their feature's order): then a full backlog can leave a short batch. Claim once more
         // before calling the backlog drained.
         let read_ahead = prefetched.is_some();
+        // Rows of features passed over were left out of a full claim: claim again as well.
+        let mut left_out = false;
         let passed_over = &mut self.passed_over;
         let sink = &mut self.sink.as_mut().expect("connected above").1;
         let (result, next) = in_transaction(|| {
             Spi::connect_mut(|client| -> Result<(Published, Option<Built>), String> {
+                if look_again {
+                    let held = still_held(client, passed_over.values().copied().collect())?;
+                    passed_over.retain(|_, id| held.contains(id));
+                }
                 let batch = match prefetched {
                     Some(p) => p.relock(client, passed_over)?,
                     None => Built::default(),
                 };
                 let mut batch = if batch.rows.is_empty() {
-                    let rows = claim(client, limit, index, workers, &HashSet::new())?;
+                    // Rows of features passed over stay unmarked, and their locks go with this transaction.
+                    let claimed = claim(client, limit, index, workers, &HashSet::new())?;
+                    let n = claimed.len();
+                    let rows = without(claimed, passed_over);
+                    left_out = rows.len() < n;
                     if rows.is_empty() {
                         return Ok((Published::default(), None));
                     }
@@ -522,10 +539,11 @@ impl Relay {
                 let outcomes = publish(sink, &batch.rows, &batch.events, &batch.relayed_at, batch.ahead.take(), || {
                     if full {
                         // In a subtransaction: a failed claim ahead must not cost this batch its mark.
-                        let held: HashSet<i64> = batch.rows.iter().map(|r| r.id).chain(passed_over.iter().copied()).collect();
+                        let held: HashSet<i64> = batch.rows.iter().map(|r| r.id).collect();
                         next = subxact::run(|| {
-                            claim(client, limit, index, workers, &held)
-                                .and_then(|rows| if rows.is_empty() { Ok(None) } else { Ok(Some(Built::new(rows, relayed_at(client)?))) })
+                            claim(client, limit, index, workers, &held).map(|rows| without(rows, passed_over)).and_then(|rows| {
+                                if rows.is_empty() { Ok(None) } else { Ok(Some(Built::new(rows, relayed_at(client)?))) }
+                            })
                         })
                         .unwrap_or_else(|f| Err(f.message));
                     }
@@ -549,6 +567,11 @@ impl Relay {
             })
         })
         .and_then(|r| r)?;
+        if self.passed_over.is_empty() {
+            self.passed_over_since = None;
+        } else if look_again || self.passed_over_since.is_none() {
+            self.passed_over_since = Some(Instant::now());
+        }
         if next.is_some() && !self.pipelined_logged {
             log!("{}: a backlog: claiming each next batch while the last one is in flight", self.tag);
             self.pipelined_logged = true;
@@ -558,7 +581,7 @@ impl Relay {
         self.account(&result);
         Ok(match result.sink_error {
             Some((error, retry_after)) => BatchEnd::SinkDown(error, retry_after),
-            None if result.claimed as i64 >= limit || result.not_tried > 0 || self.prefetched.is_some() || read_ahead => BatchEnd::More,
+            None if result.claimed as i64 >= limit || result.not_tried > 0 || self.prefetched.is_some() || read_ahead || left_out => BatchEnd::More,
             None => BatchEnd::Drained,
         })
     }
@@ -836,8 +859,8 @@ impl Built {
 
     /// Locks this prefetched batch's rows, in the transaction that marks them (the one that read
     /// them ahead took no locks), keeping those still unpublished and not locked elsewhere.
-    /// The ids of the rows it leaves out go into `passed_over`.
-    fn relock(mut self, client: &mut SpiClient<'_>, passed_over: &mut HashSet<i64>) -> Result<Built, String> {
+    /// The features of the rows it leaves out go into `passed_over`.
+    fn relock(mut self, client: &mut SpiClient<'_>, passed_over: &mut HashMap<(String, i64), i64>) -> Result<Built, String> {
         let ids: Vec<i64> = self.rows.iter().map(|r| r.id).collect();
         let plan = prepared(
             client,
@@ -858,9 +881,8 @@ impl Built {
             .map(|r| {
                 let feature = (r.layer.as_str(), r.feature_id);
                 let keep = locked.contains(&r.id) && !dropped.contains(&feature);
-                if !keep {
-                    dropped.insert(feature);
-                    passed_over.insert(r.id);
+                if !keep && dropped.insert(feature) {
+                    passed_over.entry((r.layer.clone(), r.feature_id)).or_insert(r.id);
                 }
                 keep
             })
@@ -868,6 +890,29 @@ impl Built {
         self.keep(&kept);
         Ok(self)
     }
+}
+
+/// `rows` without those of the features in `passed_over`.
+fn without(mut rows: Vec<Row>, passed_over: &HashMap<(String, i64), i64>) -> Vec<Row> {
+    if !passed_over.is_empty() {
+        rows.retain(|r| !passed_over.contains_key(&(r.layer.clone(), r.feature_id)));
+    }
+    rows
+}
+
+/// Of the outbox rows `ids`, those still unpublished and held by another transaction. The others
+/// that are unpublished are locked by this one, and claimed with its batch.
+fn still_held(client: &mut SpiClient<'_>, ids: Vec<i64>) -> Result<HashSet<i64>, String> {
+    let unpublished = "SELECT id FROM feature_outbox.outbox WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL";
+    let free: HashSet<i64> = client
+        .update(&format!("{unpublished} FOR UPDATE SKIP LOCKED"), None, &[ids.clone().into()])
+        .map_err(|e| e.to_string())?
+        .filter_map(|r| r.get::<i64>(1).ok().flatten())
+        .collect();
+    // Read-write, for a snapshot taken now (as the lock's): one the transaction began with would
+    // still count a row published since as held.
+    let rows = client.update(unpublished, None, &[ids.into()]).map_err(|e| e.to_string())?;
+    Ok(rows.filter_map(|r| r.get::<i64>(1).ok().flatten()).filter(|id| !free.contains(id)).collect())
 }
 
 /// Publishes the rows whose events were built, a feature's rows in id order: round k sends the k-th

@@ -185,9 +185,7 @@ impl NatsSink {
             } else {
                 Ok(Bytes::copy_from_slice(body))
             };
-            // What the messages need of the row: not its geometry or properties (in the body).
-            let row = Row { geometry: None, properties: None, ..row.clone() };
-            outgoing.push((row, body));
+            outgoing.push((row.without_content(), body));
         }
         let sender = Sender {
             js: self.js.clone(),
