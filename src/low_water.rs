@@ -103,6 +103,11 @@ impl LowWater {
         Ok(())
     }
 
+    /// Notes that a look was skipped, as `advance` does when it is too soon.
+    pub fn owe(&mut self) {
+        self.owed = true;
+    }
+
     /// Less than EVERY since the last look: `advance` would only note that a look is owed.
     pub fn too_soon(&self) -> bool {
         self.last.is_some_and(|t| t.elapsed() < EVERY)
