@@ -840,8 +840,9 @@ impl Built {
     /// before it is marked and committed, so that the server takes them in while the worker marks,
     /// commits and locks them again. Called only once every row of that batch was acknowledged or
     /// had its feature left out (`after`), so a feature's events still go out in order. A row sent
-    /// ahead that cannot be locked again (another worker took it meanwhile) is sent, not marked,
-    /// and goes out again: at-least-once, and JetStream drops the copy by its Nats-Msg-Id.
+    /// ahead that the next transaction cannot lock (another transaction holds it) is sent but not
+    /// marked, and its feature is passed over (`relock`); the row goes out again once free, and
+    /// JetStream drops the copy by its Nats-Msg-Id.
     fn send_ahead(&mut self, nats: &mut NatsSink) {
         let round = rounds(&self.rows);
         let first: Vec<usize> = (0..self.rows.len()).filter(|&i| round[i] == 0 && self.events[i].is_ok()).collect();
