@@ -864,18 +864,7 @@ impl Built {
     /// them ahead took no locks), keeping those still unpublished and not locked elsewhere.
     /// The features of the rows it leaves out go into `passed_over`.
     fn relock(mut self, client: &mut SpiClient<'_>, passed_over: &mut HashMap<(String, i64), i64>) -> Result<Built, String> {
-        let ids: Vec<i64> = self.rows.iter().map(|r| r.id).collect();
-        let plan = prepared(
-            client,
-            "SELECT id FROM feature_outbox.outbox WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL FOR UPDATE SKIP LOCKED",
-            &[pg_sys::INT8ARRAYOID],
-            true,
-        );
-        let locked: HashSet<i64> = client
-            .update(&*plan, None, &[ids.into()])
-            .map_err(|e| e.to_string())?
-            .filter_map(|r| r.get::<i64>(1).ok().flatten())
-            .collect();
+        let locked = unpublished(client, self.rows.iter().map(|r| r.id).collect(), true)?;
         // A row no longer to be sent takes its feature's later rows with it (their order).
         let mut dropped: HashSet<(&str, i64)> = HashSet::new();
         let kept: Vec<bool> = self
@@ -903,19 +892,22 @@ fn without(mut rows: Vec<Row>, passed_over: &HashMap<(String, i64), i64>) -> Vec
     rows
 }
 
+/// Of the outbox rows `ids`, those neither published nor parked; with `lock`, only those this
+/// transaction could lock (FOR UPDATE SKIP LOCKED), which it then holds. Read-write either way, for
+/// a snapshot taken now: one the transaction began with would miss a row published since.
+fn unpublished(client: &mut SpiClient<'_>, ids: Vec<i64>, lock: bool) -> Result<HashSet<i64>, String> {
+    const UNPUBLISHED: &str = "SELECT id FROM feature_outbox.outbox WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL";
+    static LOCKED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| format!("{UNPUBLISHED} FOR UPDATE SKIP LOCKED"));
+    let plan = prepared(client, if lock { &LOCKED } else { UNPUBLISHED }, &[pg_sys::INT8ARRAYOID], true);
+    let rows = client.update(&*plan, None, &[ids.into()]).map_err(|e| e.to_string())?;
+    Ok(rows.filter_map(|r| r.get::<i64>(1).ok().flatten()).collect())
+}
+
 /// Of the outbox rows `ids`, those still unpublished and held by another transaction. The others
 /// that are unpublished are locked by this one, and claimed with its batch.
 fn still_held(client: &mut SpiClient<'_>, ids: Vec<i64>) -> Result<HashSet<i64>, String> {
-    let unpublished = "SELECT id FROM feature_outbox.outbox WHERE id = ANY($1) AND published_at IS NULL AND parked_at IS NULL";
-    let free: HashSet<i64> = client
-        .update(&format!("{unpublished} FOR UPDATE SKIP LOCKED"), None, &[ids.clone().into()])
-        .map_err(|e| e.to_string())?
-        .filter_map(|r| r.get::<i64>(1).ok().flatten())
-        .collect();
-    // Read-write, for a snapshot taken now (as the lock's): one the transaction began with would
-    // still count a row published since as held.
-    let rows = client.update(unpublished, None, &[ids.into()]).map_err(|e| e.to_string())?;
-    Ok(rows.filter_map(|r| r.get::<i64>(1).ok().flatten()).filter(|id| !free.contains(id)).collect())
+    let free = unpublished(client, ids.clone(), true)?;
+    Ok(unpublished(client, ids, false)?.difference(&free).copied().collect())
 }
 
 /// Publishes the rows whose events were built, a feature's rows in id order: round k sends the k-th
