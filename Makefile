@@ -67,11 +67,11 @@ bench: setup
 	bash bench/run.sh
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
-## bench-ab: this build against 0.2.0 (its release commit), side by side: the bigint edit path and
+## bench-ab: this build against 0.2.0 (its release commit, from sql/released/RELEASES), side by side: the bigint edit path and
 ## the relay, each as a ratio to its floor. Builds 0.2.0 into a copy of the PostgreSQL tree first.
-## AB_COMMIT and AB_LABEL compare against another commit (the output then goes to bench/AB-<label>.md).
-AB_COMMIT ?= 4bc42654f1b92a2e0b2c580995f0eefbce8c1de0
+## AB_LABEL=0.3.0 compares against another release; AB_COMMIT against any commit (the output then goes to bench/AB-<label>.md).
 AB_LABEL ?= 0.2.0
+AB_COMMIT ?= $(shell awk '$$1 == "$(AB_LABEL)" { print $$2 }' sql/released/RELEASES)
 AB_OUT = $(if $(filter 0.2.0,$(AB_LABEL)),bench/AB.md,bench/AB-$(AB_LABEL).md)
 bench-ab: setup
 	@[ "$(PG)" = 15 ] || { echo "bench-ab compares against 0.2.0 on PostgreSQL 15 only" >&2; exit 2; }

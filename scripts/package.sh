@@ -9,7 +9,7 @@
 #   package.sh --src DIR              the tree at DIR (another release's checkout), with its own
 #                                     Cargo.toml version; the deb still goes into this repo's dist/
 #   package.sh --release-commit SHA   a `git worktree add --detach` of SHA in a temporary directory,
-#                                     built as --src, then removed (0.2.0: 4bc42654f1b92a2e0b2c580995f0eefbce8c1de0)
+#                                     built as --src, then removed (release commits: sql/released/RELEASES)
 # Builds go under ${CARGO_TARGET_DIR:-target}: this tree's in the usual release directory (shared
 # with scripts/install.sh), another tree's in its own subdirectory src-<version>.
 set -euo pipefail

@@ -17,7 +17,7 @@ shift
 case "$major" in 15 | 17 | 18) ;; *) echo "package_test.sh: majors 15, 17, 18" >&2; exit 2 ;; esac
 [ "$(id -u)" -eq 0 ] || exec sudo -E -- bash "$0" "$major" "$@"
 
-RELEASE_020=4bc42654f1b92a2e0b2c580995f0eefbce8c1de0   # the 0.2.0 release commit (README, "Upgrading")
+RELEASE_020=$(awk '$1 == "0.2.0" { print $2 }' sql/released/RELEASES)   # its release commit
 version="$(awk '/^\[/ { p = ($0 == "[package]") } p && /^version *=/ { gsub(/^version *= *"|".*$/, ""); print; exit }' Cargo.toml)"
 VENV="$REPO/.venv"
 [ -x "$VENV/bin/python" ] || { echo "package_test.sh: no $VENV: run make setup (or make test) first" >&2; exit 1; }

@@ -10,7 +10,7 @@
 -- The per-feature state of a feature that has none, from its stored geometry (EPSG:4326), as its
 -- next edit would fill it. A shape the edit path cannot route (NULL, empty, refused) gets none, and
 -- so no snapshot.
-CREATE FUNCTION __backfill_state(p_layer text, p_feature_id bigint, shape geometry, v_res integer) RETURNS void
+CREATE OR REPLACE FUNCTION __backfill_state(p_layer text, p_feature_id bigint, shape geometry, v_res integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -31,7 +31,7 @@ $$;
 -- the calling role, as edit_feature(layer, ...) does). p_after: the last key of the chunk before, as
 -- text (NULL at first); chunks follow the id column's own order. Returns {last key looked at (NULL:
 -- none left), snapshots written}.
-CREATE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after text, p_limit integer) RETURNS text[]
+CREATE OR REPLACE FUNCTION __backfill_chunk(p_layer text, p_area geometry, p_after text, p_limit integer) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -193,7 +193,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION _backfill_chunk(layer text, area geometry, after text, chunk integer) RETURNS text[]
+CREATE OR REPLACE FUNCTION _backfill_chunk(layer text, area geometry, after text, chunk integer) RETURNS text[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION _backfill_chunk(text, geometry, text, integer) IS
@@ -201,7 +201,7 @@ COMMENT ON FUNCTION _backfill_chunk(text, geometry, text, integer) IS
 
 -- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
 -- schema-qualified or a built-in.
-CREATE PROCEDURE backfill(layer text, area geometry DEFAULT NULL, INOUT written bigint DEFAULT NULL)
+CREATE OR REPLACE PROCEDURE backfill(layer text, area geometry DEFAULT NULL, INOUT written bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE

@@ -8,7 +8,7 @@
 -- with SET feature_outbox.ddl_guard = off (pg_restore --clean, repairs). Event triggers do not fire
 -- in single-user mode.
 
-CREATE FUNCTION _guard_layer_drops() RETURNS event_trigger
+CREATE OR REPLACE FUNCTION _guard_layer_drops() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS $$
 DECLARE
@@ -43,7 +43,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION _guard_layer_columns() RETURNS event_trigger
+CREATE OR REPLACE FUNCTION _guard_layer_columns() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS $$
 DECLARE
@@ -76,7 +76,10 @@ BEGIN
 END
 $$;
 
+-- Dropped first: an update runs this file again, and an event trigger has no CREATE OR REPLACE.
+DROP EVENT TRIGGER IF EXISTS feature_outbox_guard_drops;
 CREATE EVENT TRIGGER feature_outbox_guard_drops ON sql_drop
     EXECUTE FUNCTION _guard_layer_drops();
+DROP EVENT TRIGGER IF EXISTS feature_outbox_guard_columns;
 CREATE EVENT TRIGGER feature_outbox_guard_columns ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
     EXECUTE FUNCTION _guard_layer_columns();

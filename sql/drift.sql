@@ -10,7 +10,7 @@
 -- What differs between a row and its feature's state. has_state: the feature has a state row;
 -- last_event: its last event's type (NULL: written before 0.3.0); gd/pd: the row's digests now;
 -- live: the row exists and is not retired (NULL: it does not exist). NULL when nothing differs.
-CREATE FUNCTION __drift_change(has_state boolean, last_event text, state_gd uuid, state_pd uuid,
+CREATE OR REPLACE FUNCTION __drift_change(has_state boolean, last_event text, state_gd uuid, state_pd uuid,
                                gd uuid, pd uuid, live boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -31,7 +31,7 @@ $$;
 -- whose row is gone. next_phase and next_after: where the next chunk starts (next_phase NULL:
 -- done). Returns each row that differs: its key, its number (NULL for a row without events) and
 -- the change.
-CREATE FUNCTION __drift_rows(lay layer_registry, p_phase integer, p_after text, p_limit integer,
+CREATE OR REPLACE FUNCTION __drift_rows(lay layer_registry, p_phase integer, p_after text, p_limit integer,
                              OUT next_phase integer, OUT next_after text,
                              OUT keys text[], OUT numbers bigint[], OUT changes text[])
 LANGUAGE plpgsql VOLATILE
@@ -111,7 +111,7 @@ $$;
 
 -- The layer for drift() and resync(), checked as their chunks run: registered, and the caller may
 -- execute `what`.
-CREATE FUNCTION __drift_layer(p_layer text, what text) RETURNS layer_registry
+CREATE OR REPLACE FUNCTION __drift_layer(p_layer text, what text) RETURNS layer_registry
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -133,7 +133,7 @@ $$;
 -- The body of one drift() chunk, run as the extension's owner by the C entry _drift_chunk.
 -- p_found: rows found by the chunks before; the last chunk records the total in layer_registry.
 -- Returns {next phase (NULL: done), next position, then key, change, key, change, ...}.
-CREATE FUNCTION __drift_chunk(p_layer text, p_phase integer, p_after text, p_limit integer, p_found bigint) RETURNS text[]
+CREATE OR REPLACE FUNCTION __drift_chunk(p_layer text, p_phase integer, p_after text, p_limit integer, p_found bigint) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -151,13 +151,13 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION _drift_chunk(layer text, phase integer, after text, chunk integer, found bigint) RETURNS text[]
+CREATE OR REPLACE FUNCTION _drift_chunk(layer text, phase integer, after text, chunk integer, found bigint) RETURNS text[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION _drift_chunk(text, integer, text, integer, bigint) IS
     'One chunk of drift(); callable only by roles that may execute drift.';
 
-CREATE FUNCTION drift(layer text) RETURNS TABLE (feature_id text, change text)
+CREATE OR REPLACE FUNCTION drift(layer text) RETURNS TABLE (feature_id text, change text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -191,7 +191,7 @@ COMMENT ON FUNCTION drift(text) IS
 -- left for a later run), and writes each one's missing event until p_hold_ms / 2 have passed since
 -- the locks were taken, so that no editor waits longer than about p_hold_ms. p_left: rows left by
 -- the chunks before. Returns {next phase (NULL: done), next position, events written, rows left}.
-CREATE FUNCTION __resync_chunk(p_layer text, p_phase integer, p_after text, p_limit integer, p_hold_ms integer,
+CREATE OR REPLACE FUNCTION __resync_chunk(p_layer text, p_phase integer, p_after text, p_limit integer, p_hold_ms integer,
                                p_left bigint) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -321,7 +321,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION _resync_chunk(layer text, phase integer, after text, chunk integer, max_hold_ms integer, left_over bigint)
+CREATE OR REPLACE FUNCTION _resync_chunk(layer text, phase integer, after text, chunk integer, max_hold_ms integer, left_over bigint)
 RETURNS text[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
@@ -330,7 +330,7 @@ COMMENT ON FUNCTION _resync_chunk(text, integer, text, integer, integer, bigint)
 
 -- No SET clause and no SECURITY DEFINER: a procedure with either cannot COMMIT. Every name in it is
 -- schema-qualified or a built-in.
-CREATE PROCEDURE resync(layer text, max_hold_ms integer DEFAULT 100, INOUT written bigint DEFAULT NULL,
+CREATE OR REPLACE PROCEDURE resync(layer text, max_hold_ms integer DEFAULT 100, INOUT written bigint DEFAULT NULL,
                         INOUT left_over bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$

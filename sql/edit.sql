@@ -10,7 +10,7 @@
 -- ST_MakeValid, or where its default method (linework) gives NULL, as PostGIS 3.5 with GEOS 3.13
 -- does for polygons with a ring collapsed to too few points (5 of the shared counties), the
 -- structure method. Raises 22023 when neither repairs the shape, never hands on a NULL.
-CREATE FUNCTION _made_valid(g geometry) RETURNS geometry
+CREATE OR REPLACE FUNCTION _made_valid(g geometry) RETURNS geometry
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -28,7 +28,7 @@ $$;
 -- computed on the longitude-shifted shape when an edge crosses the antimeridian, then wrapped back
 -- to [-180, 180]. It lies inside the feature's footprint, unlike ST_Centroid (the guide's gotcha 6).
 -- _edit takes the same point inline, from the validity and crossing it already knows.
-CREATE FUNCTION _routing_point(g geometry) RETURNS geometry
+CREATE OR REPLACE FUNCTION _routing_point(g geometry) RETURNS geometry
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -43,7 +43,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION routing_key(g geometry) RETURNS text
+CREATE OR REPLACE FUNCTION routing_key(g geometry) RETURNS text
 LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
@@ -59,7 +59,7 @@ COMMENT ON FUNCTION routing_key(geometry) IS
     'its source CRS, which it routes on its point on surface in that CRS.';
 
 -- GeometryType of a geometry and, for a collection, of every member at any depth.
-CREATE FUNCTION _member_types(g geometry) RETURNS TABLE (kind text)
+CREATE OR REPLACE FUNCTION _member_types(g geometry) RETURNS TABLE (kind text)
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
     WITH RECURSIVE member(geom) AS (
@@ -74,7 +74,7 @@ $$;
 
 -- Types GeoJSON cannot carry, at the top or inside a collection at any depth. Only geometries whose
 -- top-level type is not one of the six simple ones reach this.
-CREATE FUNCTION _check_types(g geometry) RETURNS void
+CREATE OR REPLACE FUNCTION _check_types(g geometry) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -103,7 +103,7 @@ $$;
 -- retired). p_key: a uuid or text key, canonical (see _edit_key), whose number p_feature_id is;
 -- NULL for integer keys. Every failure is a class-22 (or 23505/42704/P0002/55000) error raised
 -- before anything is written.
-CREATE FUNCTION _edit(p_layer text, p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea,
+CREATE OR REPLACE FUNCTION _edit(p_layer text, p_feature_id bigint, p_geom geometry, p_event_type text, p_wkb bytea,
                       p_properties jsonb, p_record boolean, p_key text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -572,7 +572,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION edit_feature(feature_id bigint, geometry text, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry text, event_type text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
@@ -585,7 +585,7 @@ COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: GeoJSON '
     'geometry (RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | updated | retired. Returns the new version.';
 
-CREATE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 BEGIN
@@ -599,7 +599,7 @@ COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
 -- A user layer's forms, and record_edit: C entry points (src/edit/layers.rs) that record the
 -- calling role, then run _edit (or _record_edit) as the extension's owner. The row is written with
 -- the caller's own rights; the outbox row, which no role may write directly, as the owner.
-CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
+CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
@@ -608,7 +608,7 @@ COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
     'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
     '| retired. properties: registered columns to set. Returns the new version.';
 
-CREATE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
+CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
@@ -617,32 +617,32 @@ COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
     'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
     'retired. properties: registered columns to set. Returns the new version.';
 
-CREATE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 
 -- The same forms for a layer keyed by uuid or text (0.3.0). A text key is converted to the id
 -- column's type (22P02 when it does not fit), so text serves every layer, integer ones included.
-CREATE FUNCTION edit_feature(layer text, feature_id text, geometry text, event_type text,
+CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id text, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-CREATE FUNCTION edit_feature(layer text, feature_id text, geometry geometry, event_type text,
+CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id text, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-CREATE FUNCTION edit_feature(layer text, feature_id uuid, geometry text, event_type text,
+CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id uuid, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-CREATE FUNCTION edit_feature(layer text, feature_id uuid, geometry geometry, event_type text,
+CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id uuid, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-CREATE FUNCTION record_edit(layer text, feature_id text, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id text, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
-CREATE FUNCTION record_edit(layer text, feature_id uuid, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id uuid, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 COMMENT ON FUNCTION edit_feature(text, text, text, text, jsonb) IS
@@ -654,7 +654,7 @@ COMMENT ON FUNCTION edit_feature(text, uuid, geometry, text, jsonb) IS 'edit_fea
 COMMENT ON FUNCTION record_edit(text, text, text) IS 'record_edit for a layer keyed by uuid or text (any id type, as text).';
 COMMENT ON FUNCTION record_edit(text, uuid, text) IS 'record_edit for a layer keyed by uuid.';
 
-CREATE FUNCTION _record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION _record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -664,7 +664,7 @@ $$;
 
 -- The type a layer's statements cast a key (given as text) to: bigint for the integer types, whose
 -- key is the feature's number, else the id column's own type (uuid, text, character varying).
-CREATE FUNCTION _key_cast(id_type regtype) RETURNS text
+CREATE OR REPLACE FUNCTION _key_cast(id_type regtype) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN id_type IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype) THEN 'bigint' ELSE id_type::text END
@@ -676,7 +676,7 @@ $$;
 -- the id type's canonical form (uuid: lowercase, hyphenated), so that one feature has one key
 -- however the caller spelt it. For integer keys the number is the key and `canonical` is NULL.
 -- 22P02 for a key that is not of the id column's type.
-CREATE FUNCTION _feature_number(lay layer_registry, p_key text, OUT number bigint, OUT canonical text)
+CREATE OR REPLACE FUNCTION _feature_number(lay layer_registry, p_key text, OUT number bigint, OUT canonical text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -699,7 +699,7 @@ $$;
 
 -- edit_feature(layer, <uuid or text key>, ...): the feature's number, then _edit. Also serves
 -- integer keys given as text ('42').
-CREATE FUNCTION _edit_key(p_layer text, p_key text, p_geom geometry, p_event_type text, p_wkb bytea,
+CREATE OR REPLACE FUNCTION _edit_key(p_layer text, p_key text, p_geom geometry, p_event_type text, p_wkb bytea,
                           p_properties jsonb, p_record boolean) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -720,7 +720,7 @@ $$;
 -- transaction. The row version must be this transaction's (xmin, checked in Rust) and not already
 -- recorded, so no role can invent an event for a change that did not happen. `key`: the feature's
 -- key as text, of any id type.
-CREATE FUNCTION _record_edit_key(layer text, key text, event_type text) RETURNS integer
+CREATE OR REPLACE FUNCTION _record_edit_key(layer text, key text, event_type text) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE

@@ -7,7 +7,7 @@
 -- Edits of a layer hold this advisory lock shared until they commit; unregister_layer takes it
 -- exclusively: (1179601241, hashtext(layer)). The first key spells FOLY.
 
-CREATE FUNCTION _column_type(tbl regclass, col name, what text) RETURNS pg_attribute
+CREATE OR REPLACE FUNCTION _column_type(tbl regclass, col name, what text) RETURNS pg_attribute
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -25,7 +25,7 @@ $$;
 
 -- A layer's registered columns, each with its role: id, geometry, version, retired (when set), then
 -- the properties in their order. The DDL guard and column_types follow this order.
-CREATE FUNCTION _layer_columns(r layer_registry) RETURNS TABLE (col name, role text, ord bigint)
+CREATE OR REPLACE FUNCTION _layer_columns(r layer_registry) RETURNS TABLE (col name, role text, ord bigint)
 LANGUAGE sql STABLE
 AS $$
     SELECT r.id_column, 'id', 1::bigint
@@ -37,7 +37,7 @@ $$;
 
 -- format_type of each of `r`'s registered columns as the catalog has it now; 'missing' for one that
 -- is gone (dropped or renamed).
-CREATE FUNCTION _layer_column_types(r layer_registry) RETURNS text[]
+CREATE OR REPLACE FUNCTION _layer_column_types(r layer_registry) RETURNS text[]
 LANGUAGE sql STABLE
 AS $$
     SELECT array_agg(coalesce((SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
@@ -46,13 +46,13 @@ AS $$
       FROM _layer_columns(r) c
 $$;
 
-CREATE FUNCTION register_layer(layer text, tbl regclass, id_column name DEFAULT 'id',
+CREATE OR REPLACE FUNCTION register_layer(layer text, tbl regclass, id_column name DEFAULT 'id',
                                geometry_column name DEFAULT 'geom', version_column name DEFAULT 'version',
                                properties name[] DEFAULT '{}', retired_column name DEFAULT NULL) RETURNS void
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 
-CREATE FUNCTION _register_layer(layer text, tbl regclass, id_column name, geometry_column name, version_column name,
+CREATE OR REPLACE FUNCTION _register_layer(layer text, tbl regclass, id_column name, geometry_column name, version_column name,
                                 properties name[], retired_column name) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -190,11 +190,11 @@ COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], nam
     'geometry: geometry with a declared SRID; version: integer NOT NULL; properties: columns each event carries; '
     'retired_column: a nullable timestamptz that retired sets (NULL: retired deletes the row).';
 
-CREATE FUNCTION unregister_layer(layer text) RETURNS void
+CREATE OR REPLACE FUNCTION unregister_layer(layer text) RETURNS void
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 
-CREATE FUNCTION _unregister_layer(layer text) RETURNS void
+CREATE OR REPLACE FUNCTION _unregister_layer(layer text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -233,7 +233,7 @@ $$;
 COMMENT ON FUNCTION unregister_layer(text) IS
     'Removes a layer and its per-feature state. Refuses (55006) while the layer has unpublished, unparked outbox rows.';
 
-CREATE FUNCTION release_layer(layer text, tbl regclass DEFAULT NULL) RETURNS bigint
+CREATE OR REPLACE FUNCTION release_layer(layer text, tbl regclass DEFAULT NULL) RETURNS bigint
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 
@@ -242,7 +242,7 @@ AS 'MODULE_PATHNAME', 'feature_outbox_entry';
 -- or `tbl`, a table restored or created in its place, whose registered columns have the types
 -- recorded at registration. Its rows then publish, with the content that table holds (none for a
 -- feature it no longer has, as for a deleted row).
-CREATE FUNCTION _release_layer(layer text, tbl regclass) RETURNS bigint
+CREATE OR REPLACE FUNCTION _release_layer(layer text, tbl regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -283,7 +283,7 @@ COMMENT ON FUNCTION release_layer(text, regclass) IS
     'Gives a held layer back to the relay once its table (tbl: one restored in its place) has the registered columns; '
     'returns its waiting rows. For the table''s owner or a superuser; EXECUTE is not granted to PUBLIC.';
 
-CREATE VIEW layers AS
+CREATE OR REPLACE VIEW layers AS
 SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,
        r.properties, r.srid, r.geometry_type, r.registered_at,
        -- Each event's registration_id: a layer registered again under the same name gets a higher one.

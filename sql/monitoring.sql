@@ -2,7 +2,7 @@
 
 -- The backlog in one row. Its cost follows the unpublished rows (partial index) and one index probe
 -- for last_published_at, never the retained published history. Alert on the age (guide, gotcha 4).
-CREATE VIEW backlog AS
+CREATE OR REPLACE VIEW backlog AS
 SELECT u.unpublished_rows,
        u.oldest_unpublished_at,
        greatest(now() - u.oldest_unpublished_at, interval '0') AS oldest_unpublished_age,
@@ -49,13 +49,13 @@ SELECT u.unpublished_rows,
         LIMIT 1) h ON true;
 COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, failing and parked rows, relay health.';
 
-CREATE VIEW workers AS
+CREATE OR REPLACE VIEW workers AS
 SELECT worker, pid, state, relayed_rows, duplicate_acks, failed_attempts, last_active_at, last_error, last_error_at
   FROM _relay_workers();
 COMMENT ON VIEW workers IS 'One row per relay background worker serving this database; counters since server start.';
 
 -- Prometheus exposition text (version 0.0.4): the guide's metrics and the relay's health.
-CREATE FUNCTION metrics() RETURNS text
+CREATE OR REPLACE FUNCTION metrics() RETURNS text
 LANGUAGE sql STABLE
 AS $$
     -- Every series carries database="<current_database()>": one Prometheus job can scrape many
@@ -97,7 +97,7 @@ COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relaye
 -- The backlog per layer, with the backlog view's columns. Registered layers always have a row; a
 -- layer unregistered since has one while rows of it wait. last_published_at walks the published
 -- rows by time until it meets the layer's newest one.
-CREATE VIEW backlog_by_layer AS
+CREATE OR REPLACE VIEW backlog_by_layer AS
 SELECT l.layer,
        coalesce(u.unpublished_rows, 0) AS unpublished_rows,
        u.oldest_unpublished_at,
@@ -147,7 +147,7 @@ GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
 
 -- Every database the relay serves on this server, from shared memory (issue: many databases). Like
 -- the workers view it is for monitoring roles only.
-CREATE VIEW relay_databases AS
+CREATE OR REPLACE VIEW relay_databases AS
 SELECT database, state, relay_workers, workers_running, worker_states, unpublished, unpublished_at,
        last_error, last_error_at
   FROM _relay_databases();
@@ -159,7 +159,7 @@ GRANT SELECT ON relay_databases TO pg_monitor;
 -- The backlog by area: unpublished, unparked rows per layer and H3 parent of their routing key at
 -- `resolution`. Its cost follows the unpublished rows (the partial index, from the low-water mark
 -- up: below it every row is published or parked), never the published history.
-CREATE FUNCTION backlog_by_cell(resolution integer DEFAULT 5)
+CREATE OR REPLACE FUNCTION backlog_by_cell(resolution integer DEFAULT 5)
 RETURNS TABLE (layer text, cell text, unpublished_rows bigint, oldest_unpublished_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 AS $$
@@ -183,7 +183,7 @@ GRANT EXECUTE ON FUNCTION backlog_by_cell(integer) TO pg_monitor;
 
 -- Requeues parked rows for a fresh round of feature_outbox.max_attempts (attempts keeps the history).
 -- Returns how many.
-CREATE FUNCTION retry_parked() RETURNS bigint
+CREATE OR REPLACE FUNCTION retry_parked() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
@@ -205,7 +205,7 @@ COMMENT ON FUNCTION retry_parked() IS 'Requeues parked outbox rows for another m
 -- messages it had acknowledged (a JetStream cluster that lost its stream's tail, a restored backup
 -- of a webhook receiver). Same event_ids: consumers deduplicate. Only rows retention has not
 -- deleted yet can be replayed (feature_outbox.retention). Returns how many.
-CREATE FUNCTION replay_published(since timestamptz, layer text DEFAULT NULL) RETURNS bigint
+CREATE OR REPLACE FUNCTION replay_published(since timestamptz, layer text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE

@@ -1,0 +1,5 @@
+-- feature_outbox 0.3.0 -> 0.4.0: migration only. scripts/upgrade_script.py puts this first in the
+-- generated upgrade script, then every function, view and body file of 0.4.0 as CREATE OR REPLACE,
+-- then sql/finalize.sql. What belongs here: table and column changes, data fixes, drops of whatever
+-- a re-run body cannot replace (a changed signature or return type, a view's changed columns, and
+-- what depends on them), and column defaults put back after such a drop. Never a function body.
