@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "pg_test"))
 import edit_bench  # noqa: E402
 import results  # noqa: E402
-from conftest import COUNTIES, PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
+from conftest import PG_BIN, RUN_DIR, Cluster, county_data, free_port  # noqa: E402
 from relay_harness import NatsServer, wait_for  # noqa: E402
 
 OTHER_BIN = Path(os.environ.get("FEATURE_OUTBOX_AB_BIN", "/opt/pg020/usr/lib/postgresql/15/bin"))
@@ -55,7 +55,7 @@ def edit_cluster(name: str, bin: Path) -> tuple[Cluster, int]:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         conn.execute(edit_bench.SETUP)
         with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-            for line in COUNTIES.read_text().splitlines():
+            for line in county_data().read_text().splitlines():
                 copy.write_row((line,))
         conn.execute(edit_bench.LOAD % {"base": edit_bench.POINT_BASE})
         n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]
@@ -73,7 +73,7 @@ def relay_cluster(name: str, bin: Path) -> Cluster:
     with c.connect(results.DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         conn.execute("SELECT feature_outbox.edit_feature((d->>'id')::bigint, (d->'geometry')::text, 'created') "
-                     "FROM (SELECT unnest(%s::jsonb[]) d) x", ([line for line in COUNTIES.read_text().splitlines()],))
+                     "FROM (SELECT unnest(%s::jsonb[]) d) x", ([line for line in county_data().read_text().splitlines()],))
     return c
 
 

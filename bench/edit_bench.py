@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pg_test"))
-from conftest import COUNTIES, RUN_DIR, Cluster, free_port  # noqa: E402
+from conftest import RUN_DIR, Cluster, county_data, free_port  # noqa: E402
 
 DB = "bench"
 SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
@@ -124,7 +124,7 @@ def main() -> None:
             conn.execute("CREATE EXTENSION feature_outbox CASCADE")
             conn.execute(SETUP)
             with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-                for line in COUNTIES.read_text().splitlines():
+                for line in county_data().read_text().splitlines():
                     copy.write_row((line,))
             conn.execute(LOAD % {"base": POINT_BASE})
             n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]

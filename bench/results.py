@@ -35,7 +35,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
-from conftest import COUNTIES, PG_BIN, PG_MAJOR, RUN_DIR, Cluster, free_port  # noqa: E402
+from conftest import PG_BIN, PG_MAJOR, RUN_DIR, Cluster, county_data, free_port  # noqa: E402
 from relay_harness import CLAIM_FROM, NatsServer, Receiver, wait_for  # noqa: E402
 from drills import port_open  # noqa: E402
 
@@ -88,7 +88,7 @@ def fill(c, n, db=DB):
 
 def load_counties(c):
     """The extension in DB and every county created through edit_feature; the (id, GeoJSON) pairs."""
-    counties = [(int(r["id"]), json.dumps(r["geometry"])) for r in map(json.loads, COUNTIES.read_text().splitlines())]
+    counties = [(int(r["id"]), json.dumps(r["geometry"])) for r in map(json.loads, county_data().read_text().splitlines())]
     with c.connect(DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         with conn.transaction(), conn.cursor() as cur:

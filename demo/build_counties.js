@@ -1,6 +1,7 @@
 // Rebuilds us-counties.geojsonl the way /work/shared/data/README.md describes, for machines
-// without the shared copy: the `counties` object of counties-10m.json from the npm package
-// us-atlas 3.0.1, converted to GeoJSON with topojson-client's feature(), null geometries dropped.
+// without the shared copy (scripts/county_data.sh runs it, for the tests, the demo and the
+// benchmarks): the `counties` object of counties-10m.json from the npm package us-atlas 3.0.1,
+// converted to GeoJSON with topojson-client's feature(), null geometries dropped.
 // One line per county: {"id": "<5-digit FIPS>", "name": "<county>", "geometry": <GeoJSON>}.
 //   usage: node build_counties.js <node_modules directory> > us-counties.geojsonl
 "use strict";

@@ -16,7 +16,8 @@
    Counts scale with the number of counties loaded.
 
 Connects with libpq's environment (PGHOST, PGPORT, PGUSER, PGDATABASE) unless --dsn is given.
-Environment: DEMO_DATA (GeoJSONL, default ../shared/data/us-counties.geojsonl from the repository),
+Environment: DEMO_DATA (GeoJSONL, default the checkout's .cache/data/us-counties.geojsonl, which
+scripts/county_data.sh fills),
 DEMO_LIMIT (at most this many counties). --summary FILE writes the figures as JSON for run.sh.
 """
 
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +33,6 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "us-counties.geojsonl"
 BATCH = 300          # edits per transaction
 TRANSLATE = (0.02, 0.01)  # degrees east, north: ~2 km, enough to leave a resolution-8 H3 cell
 SIMPLIFY = 0.01      # ST_SimplifyPreserveTopology tolerance, degrees
@@ -118,7 +119,8 @@ def main() -> int:
     parser.add_argument("--summary", type=Path, help="write the figures as JSON to this file")
     args = parser.parse_args()
 
-    data = Path(os.environ.get("DEMO_DATA") or DEFAULT_DATA)
+    data = Path(os.environ.get("DEMO_DATA") or subprocess.run(
+        ["bash", ROOT / "scripts" / "county_data.sh"], check=True, stdout=subprocess.PIPE, text=True).stdout.strip())
     limit = int(os.environ["DEMO_LIMIT"]) if os.environ.get("DEMO_LIMIT") else None
     counties = read_counties(data, limit)
     if len(counties) < 3:

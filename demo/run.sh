@@ -10,8 +10,8 @@
 #
 # Environment:
 #   DEMO_LIMIT=N          at most N counties (CI: 300); edit counts scale with it
-#   DEMO_DATA=FILE        GeoJSONL input (default ../shared/data/us-counties.geojsonl; rebuilt from
-#                         npm us-atlas 3.0.1 when missing, see demo/build_counties.js)
+#   DEMO_DATA=FILE        GeoJSONL input (default .cache/data/us-counties.geojsonl, as the tests: copied
+#                         from ../shared, or rebuilt from npm us-atlas 3.0.1, by scripts/county_data.sh)
 #   DEMO_SKIP_INSTALL=1   use the feature_outbox already installed instead of building a release one
 #   DEMO_DIR=DIR          working directory (default /var/tmp/feature_outbox_demo), fresh each run
 #   DEMO_PG_PORT, DEMO_NATS_PORT   ports (default: free ones)
@@ -25,9 +25,7 @@ PG_CONFIG=$PG_BIN/pg_config
 PY=${FEATURE_OUTBOX_VENV:-$ROOT/.venv}/bin/python
 CONSUMER=${CARGO_TARGET_DIR:-$ROOT/target}/consumer/release/feature_outbox_consumer
 DEMO_DIR=${DEMO_DIR:-/var/tmp/feature_outbox_demo}
-DEMO_DATA=${DEMO_DATA:-$ROOT/../shared/data/us-counties.geojsonl}
 DEMO_TIMEOUT=${DEMO_TIMEOUT:-120}
-SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 STREAM=FEATURES          # feature_outbox.nats_stream's default; subjects features.<layer>.<action>.<cell>
 
 step() { printf '\n== %s\n' "$*"; }
@@ -37,11 +35,8 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # ---------------------------------------------------------------------------------------------------
 step "1. Install what is missing, build"
-if [ ! -s "$DEMO_DATA" ] && ! command -v npm >/dev/null 2>&1; then
-  echo "npm is needed to rebuild the county data: installing nodejs, npm"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
-fi
+# The counties, before the clock starts: the checkout's cache (make demo's setup has filled it).
+DEMO_DATA=${DEMO_DATA:-$(bash scripts/county_data.sh)}
 if [ "${DEMO_SKIP_INSTALL:-}" = 1 ]; then
   echo "DEMO_SKIP_INSTALL=1: using the installed feature_outbox ($(stat -c '%y' "$($PG_CONFIG --pkglibdir)/feature_outbox.so" | cut -c1-19))"
 else
@@ -121,12 +116,7 @@ psql -c "SELECT worker, pid, state FROM feature_outbox.workers"
 
 # ---------------------------------------------------------------------------------------------------
 step "4. The counties"
-if [ ! -s "$DEMO_DATA" ]; then
-  echo "$DEMO_DATA is missing: rebuilding it from npm us-atlas 3.0.1 with topojson-client"
-  npm install --no-save --no-audit --no-fund --loglevel=error --prefix "$RUN/npm" us-atlas@3.0.1 topojson-client@3.1.0
-  DEMO_DATA=$RUN/us-counties.geojsonl
-  node demo/build_counties.js "$RUN/npm/node_modules" >"$DEMO_DATA"
-fi
+echo "$DEMO_DATA: $(wc -l <"$DEMO_DATA") counties"
 export DEMO_DATA
 
 # The relay is paused during the load (an endpoint nobody listens on), so the backlog builds up and

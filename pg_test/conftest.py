@@ -1,6 +1,7 @@
 """Fixtures shared by the end-to-end tests: a throwaway PostgreSQL cluster that preloads
 feature_outbox (run as the postgres user, own port and data directory), and helpers to reach it."""
 
+import functools
 import os
 import socket
 import subprocess
@@ -10,8 +11,6 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("FEATURE_OUTBOX_SHARED", ROOT.parent / "shared"))
-COUNTIES = SHARED / "data" / "us-counties.geojsonl"
 # The PostgreSQL major under test: 15 on the host; scripts/pgroot.sh sets FEATURE_OUTBOX_PG in the
 # root of 17 or 18 (make test PG=N).
 PG_MAJOR = int(os.environ.get("FEATURE_OUTBOX_PG", "15"))
@@ -21,6 +20,15 @@ PG_BIN = Path(os.environ.get("FEATURE_OUTBOX_TEST_PG_BIN", f"/usr/lib/postgresql
 # The project's virtualenv: .venv on the host, the root's own in a root (its Python differs).
 VENV = Path(os.environ.get("FEATURE_OUTBOX_VENV", ROOT / ".venv"))
 RUN_DIR = Path(os.environ.get("FEATURE_OUTBOX_TEST_DIR", "/var/tmp/feature_outbox_test"))
+
+
+@functools.cache
+def county_data() -> Path:
+    """The 3,231 US counties as GeoJSONL, in the checkout's cache. scripts/county_data.sh fills it on
+    first use, from ../shared (or $FEATURE_OUTBOX_SHARED) or rebuilt from npm as make demo does; a
+    failure there fails the test rather than skipping it."""
+    out = subprocess.run(["bash", ROOT / "scripts" / "county_data.sh"], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip())
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ import h3
 import psycopg
 import pytest
 
-from conftest import COUNTIES, RUN_DIR, Cluster, free_port
+from conftest import RUN_DIR, Cluster, county_data, free_port
 from relay_harness import consume, nats_fixture, subject, wait_for
 
 DB = "areas"
@@ -24,9 +24,6 @@ SETTINGS = (
 )
 COLORADO, KANSAS, UTAH = "08", "20", "49"
 ALEUTIANS_WEST = 2016
-
-pytestmark = pytest.mark.skipif(not COUNTIES.exists(), reason=f"{COUNTIES} is missing")
-
 
 nats_server = nats_fixture("nats_areas")
 
@@ -42,7 +39,7 @@ def relay(nats_server):
         conn.execute("""CREATE TABLE public.counties (fips integer PRIMARY KEY, geom geometry(Geometry, 4326) NOT NULL,
                                                      version integer NOT NULL DEFAULT 0, name text, state_fips text)""")
         conn.execute("SELECT feature_outbox.register_layer('counties', 'public.counties', 'fips', properties => '{name,state_fips}')")
-        names = {json.loads(l)["id"]: json.loads(l)["name"] for l in COUNTIES.read_text().splitlines() if l.strip()}
+        names = {json.loads(l)["id"]: json.loads(l)["name"] for l in county_data().read_text().splitlines() if l.strip()}
         counties = read_counties()
         for i in range(0, len(counties), 500):
             with conn.transaction(), conn.cursor() as cur:

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import COUNTIES, ROOT
+from conftest import ROOT, county_data
 from relay_harness import nats_fixture, relay_cluster, wait_for
 
 DB = "integrity"
@@ -41,9 +41,9 @@ def fails(conn, sql, params=()):
 
 
 def counties(prefix: str, n: int) -> list[dict]:
-    """The first n counties whose FIPS code starts with `prefix` (a state), as read from the shared data."""
+    """The first n counties whose FIPS code starts with `prefix` (a state), as read from the county data."""
     out = []
-    with open(COUNTIES) as f:
+    with open(county_data()) as f:
         for line in f:
             c = json.loads(line)
             if c["id"].startswith(prefix):

@@ -8,7 +8,7 @@ import json
 import psycopg
 import pytest
 
-from conftest import COUNTIES, RUN_DIR, Cluster, free_port
+from conftest import RUN_DIR, Cluster, county_data, free_port
 from relay_harness import nats_fixture, subject, wait_for
 
 DB = "layers"
@@ -455,8 +455,6 @@ def test_unregister_refuses_while_rows_wait(relay, db, nats_server):
 
 
 def test_counties_into_conus_albers_route_as_the_reference(relay):
-    if not COUNTIES.exists():
-        pytest.skip(f"{COUNTIES} is missing")
     from test_real_data import FIXTURE, read_counties
     counties = read_counties()
     with open(FIXTURE, newline="") as f:
@@ -467,7 +465,7 @@ def test_counties_into_conus_albers_route_as_the_reference(relay):
         conn.execute("CREATE TABLE counties (fips integer PRIMARY KEY, geom geometry(Geometry, 5070) NOT NULL,"
                      " version integer NOT NULL DEFAULT 0, name text)")
         conn.execute("SELECT feature_outbox.register_layer('counties', 'counties', 'fips', properties => '{name}')")
-        names = {json.loads(l)["id"]: json.loads(l)["name"] for l in COUNTIES.read_text().splitlines() if l.strip()}
+        names = {json.loads(l)["id"]: json.loads(l)["name"] for l in county_data().read_text().splitlines() if l.strip()}
         # CONUS Albers covers the 48 contiguous states. Alaska (02), Hawaii (15) and the territories
         # (60, 66, 69, 72, 78) lie outside its area of use, so a later edit given in EPSG:5070 would be refused: they are
         # refused at create too (issue 20, item 2), one by one, with nothing written.

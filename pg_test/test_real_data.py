@@ -13,7 +13,7 @@ from pathlib import Path
 import h3
 import pytest
 
-from conftest import COUNTIES, PG_MAJOR, RUN_DIR
+from conftest import PG_MAJOR, RUN_DIR, county_data
 
 FIXTURE = Path(__file__).parent / "fixtures" / "us_counties_routing_r8.csv"
 COUNTY_COUNT = 3231
@@ -26,7 +26,7 @@ BATCH = 500
 def read_counties() -> list[tuple[str, str]]:
     """(fips, geometry text exactly as the file has it) for each line of the GeoJSONL file."""
     counties = []
-    for line in COUNTIES.read_text().splitlines():
+    for line in county_data().read_text().splitlines():
         if line.strip():
             start = line.index('"geometry":') + len('"geometry":')
             _, end = json.JSONDecoder().raw_decode(line, start)
@@ -49,8 +49,6 @@ def mismatches(rows, expected: dict[str, str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def counties():
-    if not COUNTIES.exists():
-        pytest.skip(f"{COUNTIES} is missing")
     rows = read_counties()
     assert len(rows) == COUNTY_COUNT
     return rows

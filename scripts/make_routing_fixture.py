@@ -23,14 +23,16 @@ in the database it is given, so use a scratch one):
         "host=127.0.0.1 port=54329 user=postgres dbname=postgres"
     scripts/cluster.sh stop /var/tmp/fo_fixture
 
-The DSN may also come from $ROUTING_FIXTURE_DSN. Optional arguments: --counties PATH (default
-../shared/data/us-counties.geojsonl) and --out PATH.
+The DSN may also come from $ROUTING_FIXTURE_DSN. Optional arguments: --counties PATH (default: the
+checkout's .cache/data/us-counties.geojsonl, which scripts/county_data.sh fills, as for the tests)
+and --out PATH.
 """
 
 import argparse
 import csv
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,7 +41,6 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOLUTION = 8
-DEFAULT_COUNTIES = ROOT.parent / "shared" / "data" / "us-counties.geojsonl"
 DEFAULT_OUT = ROOT / "pg_test" / "fixtures" / f"us_counties_routing_r{RESOLUTION}.csv"
 
 # One statement for all counties. ST_IsValidDetail rather than ST_IsValid: the latter logs a NOTICE
@@ -96,12 +97,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dsn", nargs="?", default=os.environ.get("ROUTING_FIXTURE_DSN"),
                     help="libpq connection string of a PostGIS-capable database")
-    ap.add_argument("--counties", type=Path, default=DEFAULT_COUNTIES)
+    ap.add_argument("--counties", type=Path)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
     if not args.dsn:
         ap.error("give a DSN or set ROUTING_FIXTURE_DSN")
 
+    if args.counties is None:  # the tests' own data, so the fixture matches what they load
+        args.counties = Path(subprocess.run(["bash", ROOT / "scripts" / "county_data.sh"], check=True,
+                                            stdout=subprocess.PIPE, text=True).stdout.strip())
     counties = read_counties(args.counties)
     # The geometry text goes to PostGIS as-is, just as the real-data test passes it to edit_feature.
     texts = [text for _, text, _ in counties]

