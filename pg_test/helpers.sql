@@ -30,3 +30,27 @@ $$;
 CREATE FUNCTION cell_of(p geometry) RETURNS text LANGUAGE sql AS $$
     SELECT feature_outbox._h3_cell(ST_X(p), ST_Y(p), current_setting('feature_outbox.h3_resolution')::integer)
 $$;
+
+-- As try(), with the error's DETAIL too, for refusals whose reason is in the detail (settings).
+CREATE FUNCTION try_detail(sql text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    state text; msg text; detail text; hint text;
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL,
+                            hint = PG_EXCEPTION_HINT;
+    RETURN state || ': ' || msg || CASE WHEN detail <> '' THEN E'\n  DETAIL: ' || detail ELSE '' END
+                 || CASE WHEN hint <> '' THEN E'\n  HINT: ' || hint ELSE '' END;
+END
+$$;
+
+-- The SQLSTATE of a statement ('ok' when it ran), then each of `words` marked + when its message or
+-- hint contains it and - when not: for messages that quote text PROJ or PostGIS own (CRS names,
+-- areas of use), which differ between their versions.
+CREATE FUNCTION try_says(sql text, VARIADIC words text[]) RETURNS text LANGUAGE sql AS $$
+    SELECT split_part(r, ':', 1) || coalesce(' ' || (SELECT string_agg(CASE WHEN strpos(r, w) > 0 THEN '+' ELSE '-' END || w, ' ')
+                                                      FROM unnest(words) w), '')
+      FROM try(sql) r
+$$;

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from relay_harness import WAIT_SCALE, all_published, consume, nats_fixture, relay_cluster, subject, wait_for
+from relay_harness import all_published, consume, nats_fixture, relay_cluster, subject, wait_for
 
 DB = "drift"
 
@@ -178,55 +178,6 @@ def test_drift_shows_every_write_outside_the_product_and_resync_sends_its_events
     assert ("6", "updated") not in got and ("7", "updated") not in got
     for fid, r in current.items():
         assert r[1:] == expected_rows[fid][1:], "resync changes only the version column"
-
-
-def test_resync_leaves_a_row_an_edit_holds_and_never_waits_for_it(relay):
-    with team(relay) as conn, team(relay, autocommit=False) as editor:
-        layer(conn, "held")
-        for fid in (1, 2, 3):
-            create(conn, "held", fid, 20 + fid, 10, f"h{fid}")
-        conn.execute("UPDATE app.held SET name = name || '!'")
-        editor.execute("SELECT 1 FROM app.held WHERE id = 2 FOR UPDATE")  # an edit in progress
-        started = time.monotonic()
-        assert conn.execute("CALL feature_outbox.resync('held')").fetchone() == (2, 1)
-        assert time.monotonic() - started < 30
-        assert conn.execute("SELECT drifted_rows FROM feature_outbox.backlog_by_layer WHERE layer = 'held'").fetchone()[0] == 1
-        editor.rollback()
-        assert conn.execute("CALL feature_outbox.resync('held')").fetchone() == (1, 0)
-        assert drift(conn, "held") == {}
-
-
-def test_the_built_in_state_version_follows_its_feature_under_concurrent_edits(relay):
-    """Two edits of one built-in feature, the second waiting for the first: the state's version is
-    the feature's after both (it once took a version read before the wait). A state row left
-    without one, as before 0.3.0, gets the feature's at its next edit."""
-    fid = 920_001
-    move = "SELECT feature_outbox.edit_feature(%s::bigint, ST_SetSRID(ST_MakePoint(%s, 1), 4326), %s)"
-    versions = ("SELECT f.version, s.version FROM feature_outbox.features f JOIN feature_outbox.feature_state s "
-                "ON s.layer = 'features' AND s.feature_id = f.id WHERE f.id = %s")
-    with relay.connect(DB) as su, relay.connect(DB) as first:
-        su.execute(move, (fid, 1.0, "created"))
-        first.autocommit = False
-        first.execute(move, (fid, 1.1, "moved"))
-        done = []
-
-        def edit():
-            with relay.connect(DB) as conn:
-                done.append(conn.execute(move, (fid, 1.2, "moved")).fetchone()[0])
-
-        second = threading.Thread(target=edit)
-        second.start()
-        wait_for(lambda: su.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
-                                    (DB,)).fetchone()[0] == 1, 10, "the second edit to wait for the first")
-        first.commit()
-        second.join(10 * WAIT_SCALE)
-        assert done == [3]
-        assert su.execute(versions, (fid,)).fetchone() == (3, 3)
-        su.execute("UPDATE feature_outbox.feature_state SET version = NULL WHERE layer = 'features' AND feature_id = %s", (fid,))
-        su.execute(move, (fid, 1.3, "moved"))
-        assert su.execute(versions, (fid,)).fetchone() == (4, 4)
-        assert su.execute("SELECT array_agg(feature_version ORDER BY id) FROM feature_outbox.outbox WHERE layer = 'features' "
-                          "AND feature_id = %s", (fid,)).fetchone()[0] == [1, 2, 3, 4]
 
 
 def test_resync_works_in_chunks_an_editor_does_not_wait_out(relay):

@@ -1,9 +1,6 @@
 """The rebuilt edit path (issue 9): polygons around a pole in a polar CRS, coordinates outside a CRS's
 area of use, and previous_routing_key read from the per-feature state instead of recomputed."""
 
-import threading
-import time
-
 import psycopg
 import pytest
 
@@ -163,26 +160,3 @@ def test_a_feature_without_state_fills_it_from_its_stored_geometry(db):
     db.execute("SELECT feature_outbox.edit_feature(%s, %s::geometry, 'moved')", (fid, b))
     check_previous_keys(db, fid, [(a, 8), (b, 8)])
     assert db.execute("SELECT count(*) FROM feature_outbox.feature_state WHERE feature_id = %s", (fid,)).fetchone()[0] == 1
-
-
-def test_concurrent_edits_of_one_feature_each_get_the_key_the_other_committed(cluster, db):
-    fid, a, b, c = 9, square(-0.10, 51.50), square(-0.20, 51.50), square(-0.30, 51.60)
-    db.execute("SELECT feature_outbox.edit_feature(%s, %s::geometry, 'created')", (fid, a))
-    first = psycopg.connect(cluster.dsn(DB))
-    first.execute("SELECT feature_outbox.edit_feature(%s, %s::geometry, 'moved')", (fid, b))  # open transaction
-    done = threading.Event()
-
-    def second():
-        with psycopg.connect(cluster.dsn(DB), autocommit=True) as conn:
-            conn.execute("SELECT feature_outbox.edit_feature(%s, %s::geometry, 'moved')", (fid, c))
-        done.set()
-
-    t = threading.Thread(target=second)
-    t.start()
-    time.sleep(0.5)
-    assert not done.is_set(), "the second edit did not wait for the first"
-    first.commit()
-    first.close()
-    t.join(10)
-    assert done.is_set()
-    check_previous_keys(db, fid, [(a, 8), (b, 8), (c, 8)])

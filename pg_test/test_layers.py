@@ -648,19 +648,3 @@ def test_a_reused_layer_name_never_publishes_an_older_layers_rows(relay, db, nat
                       20, "the older layer's row to park")
     assert "earlier layer" in parked[0]
     assert not [m for m in nats_server.messages() if m["event"]["layer"] == "homes" and m["event"]["geometry_version"] == 77]
-
-
-def test_unregister_waits_for_edits_of_its_layer_only(relay, db):
-    point = '{"type":"Point","coordinates":[7,8]}'
-    db.execute("CREATE TABLE public.going (id int PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version int NOT NULL DEFAULT 0)")
-    db.execute("SELECT feature_outbox.register_layer('going', 'public.going')")
-    with relay.connect(DB) as other:
-        with db.transaction():
-            db.execute("SELECT feature_outbox.unregister_layer('going')")
-            # Another layer's edit does not wait for the open unregister.
-            other.execute("SET lock_timeout = '2s'")
-            other.execute("SELECT feature_outbox.edit_feature('parcels', 901, %s, 'created')", (BLOCK_A,))
-            # An edit of the layer itself waits, then finds it gone.
-            with pytest.raises(psycopg.errors.LockNotAvailable):
-                other.execute("SELECT feature_outbox.edit_feature('going', 1, %s, 'created')", (point,))
-        assert fails(other, "SELECT feature_outbox.edit_feature('going', 1, %s, 'created')", (point,), watch=db)[0] == "42704"
