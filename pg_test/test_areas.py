@@ -159,17 +159,9 @@ def test_an_event_across_the_antimeridian_has_an_rfc_7946_bbox(db, nats_server):
     assert min(x for x in lons if x > 0) == pytest.approx(west) and max(x for x in lons if x < 0) == pytest.approx(east)
 
 
-def test_subject_resolutions_are_validated_and_take_effect_at_reload(relay, db, nats_server):
+def test_subject_resolutions_take_effect_at_reload(relay, db, nats_server):
+    # The values refused when set are pg_test/sql/22_settings.
     with relay.connect(DB) as su:
-        for bad, why in [("5,3", "strictly ascending"), ("3,3", "strictly ascending"), ("3,16", "not an H3 resolution"),
-                         ("x", "not an H3 resolution"), ("-1", "not an H3 resolution")]:
-            with pytest.raises(psycopg.Error) as e:
-                su.execute(f"ALTER SYSTEM SET feature_outbox.subject_resolutions = '{bad}'")
-            assert e.value.sqlstate == "22023" and why in e.value.diag.message_detail, bad
-        with pytest.raises(psycopg.Error) as e:
-            su.execute("SET feature_outbox.subject_resolutions = '4'")
-        assert e.value.sqlstate == "55P02"  # SIGHUP: postgresql.conf or ALTER SYSTEM, then a reload
-        assert su.execute("SHOW feature_outbox.subject_resolutions").fetchone()[0] == "3,5,7"
         su.execute("ALTER SYSTEM SET feature_outbox.subject_resolutions = '2, 9'")  # 9: finer than the keys, left out
         su.execute("SELECT pg_reload_conf()")
         try:
@@ -201,10 +193,6 @@ def test_backlog_by_cell_counts_waiting_rows_per_parent_cell(relay, db, nats_ser
                 got = {(cell, n) for layer, cell, n, at in db.execute("SELECT * FROM feature_outbox.backlog_by_cell(%s)", (res,))}
                 assert got == set(Counter(h3.cell_to_parent(k, res) for k in keys).items())
             assert db.execute("SELECT sum(unpublished_rows) FROM feature_outbox.backlog_by_cell()").fetchone()[0] == 64
-            for bad in (9, 16, -1):
-                with pytest.raises(psycopg.Error) as e:
-                    db.execute("SELECT * FROM feature_outbox.backlog_by_cell(%s)", (bad,))
-                assert e.value.sqlstate == "22023"
         finally:
             su.execute(f"ALTER SYSTEM SET feature_outbox.endpoint = '{nats_server.url}'")  # as the cluster started
             su.execute("SELECT pg_reload_conf()")
@@ -234,35 +222,6 @@ def test_backfill_of_an_area_writes_one_snapshot_per_live_feature_inside_it(rela
     db.execute("SELECT feature_outbox.edit_feature('counties', 8001, NULL::text, 'retired')")
     live = db.execute("SELECT count(*) FROM counties").fetchone()[0]
     assert db.execute("CALL feature_outbox.backfill('counties')").fetchone()[0] == live
-
-
-def test_backfill_rights_and_input(relay, db):
-    with relay.connect(DB) as su:
-        su.execute("DROP ROLE IF EXISTS area_reader")
-        su.execute("CREATE ROLE area_reader LOGIN")
-        su.execute("GRANT USAGE ON SCHEMA feature_outbox TO area_reader")
-    with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=area_reader"), autocommit=True) as ordinary:
-        for sql in ("CALL feature_outbox.backfill('counties')",
-                    "SELECT feature_outbox._backfill_chunk('counties', NULL, NULL::text, 10)",
-                    "SELECT * FROM feature_outbox.backlog_by_cell(5)"):
-            with pytest.raises(psycopg.Error) as e:
-                ordinary.execute(sql)
-            assert e.value.sqlstate == "42501", sql
-    for sql, state in [("CALL feature_outbox.backfill('nope')", "42704"),
-                       ("CALL feature_outbox.backfill('counties', ST_MakeEnvelope(0, 0, 1, 1))", "22023")]:
-        with pytest.raises(psycopg.Error) as e:
-            db.execute(sql)
-        assert e.value.sqlstate == state, sql
-    # Granted, a role backfills with its own rights on the table: it needs them.
-    with relay.connect(DB) as su:
-        su.execute("GRANT EXECUTE ON PROCEDURE feature_outbox.backfill TO area_reader")
-    with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=area_reader"), autocommit=True) as granted:
-        with pytest.raises(psycopg.Error) as e:
-            granted.execute("CALL feature_outbox.backfill('counties', ST_MakeEnvelope(-105, 39, -104, 40, 4326))")
-        assert e.value.sqlstate == "42501" and "counties" in e.value.diag.message_primary
-        with relay.connect(DB) as su:
-            su.execute("GRANT SELECT, UPDATE ON public.counties TO area_reader")
-        assert granted.execute("CALL feature_outbox.backfill('counties', ST_MakeEnvelope(-105, 39, -104, 40, 4326))").fetchone()[0] > 0
 
 
 def test_a_backfill_racing_with_edits_keeps_each_features_order(relay, db, nats_server):

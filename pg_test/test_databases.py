@@ -285,32 +285,6 @@ def test_a_refused_command_leaves_the_workers_alone(c, watcher):
     assert pid != relay_pid(c, "c"), "the rename in the transaction did stop the workers (and they came back)"
 
 
-def test_no_secret_is_set_per_database_or_role(c):
-    with c.connect() as conn:
-        for sql in ("ALTER DATABASE d SET feature_outbox.http_secret = 's3cret'",
-                    "ALTER DATABASE d SET feature_outbox.endpoint = 'nats://user:pass@127.0.0.1:4222'",
-                    "ALTER DATABASE d SET feature_outbox.endpoint = 'https://user:pass@example.org/hook'",
-                    "ALTER ROLE postgres SET feature_outbox.http_secret = 's3cret'",
-                    "ALTER ROLE postgres IN DATABASE d SET feature_outbox.endpoint = 'nats://tok@127.0.0.1:4222'"):
-            with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
-                conn.execute(sql)
-            said = f"{e.value.diag.message_primary} {e.value.diag.message_detail}"
-            assert "pg_db_role_setting is readable by every role" in said, said
-        assert conn.execute("SELECT count(*) FROM pg_db_role_setting WHERE array_to_string(setconfig, ',') ~ 's3cret|pass@|tok@'").fetchone() == (0,)
-        # Files are the per-database way, and a credential-free endpoint is fine.
-        conn.execute("ALTER DATABASE d SET feature_outbox.http_secret_file = '/etc/feature_outbox/d.secret'")
-        conn.execute("ALTER DATABASE d RESET feature_outbox.http_secret_file")
-        conn.execute("DROP ROLE IF EXISTS tenant")
-        conn.execute("CREATE ROLE tenant LOGIN")
-        conn.execute("ALTER DATABASE d OWNER TO tenant")
-    # The owner of a database is not a superuser: the sink settings are not theirs to change.
-    with psycopg.connect(c.dsn("d").replace("user=postgres", "user=tenant"), autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("ALTER DATABASE d SET feature_outbox.endpoint = 'nats://127.0.0.1:1'")
-    with c.connect() as conn:
-        conn.execute("ALTER DATABASE d OWNER TO postgres")
-
-
 def test_relay_databases_is_for_monitoring_roles(c):
     with c.connect() as conn:
         conn.execute("DROP ROLE IF EXISTS watcher")

@@ -212,39 +212,3 @@ def test_resync_works_in_chunks_an_editor_does_not_wait_out(relay):
         assert written + left in (3000, 2999) and left <= 1
         assert len(waits) > 1, "the edit went through while resync ran"
         assert drift(conn, "bulk") == {}
-
-
-def test_features_written_before_0_3_0_have_their_digests_taken_by_resync(relay, nats_server):
-    with team(relay) as conn:
-        layer(conn, "legacy")
-        for fid in (1, 2):
-            create(conn, "legacy", fid, 30 + fid, -20, f"l{fid}")
-    with relay.connect(DB) as su:  # as an upgraded 0.2.0 database holds them: no digests, no last event
-        su.execute("UPDATE feature_outbox.feature_state SET geometry_digest = NULL, properties_digest = NULL, version = NULL, "
-                   "last_event = NULL WHERE layer = 'legacy'")
-        n = su.execute("SELECT count(*) FROM feature_outbox.outbox WHERE layer = 'legacy'").fetchone()[0]
-    with team(relay) as conn:
-        conn.execute("UPDATE app.legacy SET geom = ST_SetSRID(ST_MakePoint(-60, -20), 4326) WHERE id = 2")
-        assert drift(conn, "legacy") == {1: "unknown", 2: "unknown"}
-        assert conn.execute("CALL feature_outbox.resync('legacy')").fetchone() == (1, 0)
-        assert drift(conn, "legacy") == {}
-    with relay.connect(DB) as su:
-        assert su.execute("SELECT feature_id, event_type FROM feature_outbox.outbox WHERE layer = 'legacy' ORDER BY id OFFSET %s",
-                          (n,)).fetchall() == [(2, "moved")]
-        assert su.execute("SELECT feature_id, last_event FROM feature_outbox.feature_state WHERE layer = 'legacy' ORDER BY 1").fetchall() == [
-            (1, "baseline"), (2, "moved")]
-
-
-def test_drift_and_resync_are_not_granted_to_public(relay):
-    with relay.connect(DB) as su:
-        su.execute("DROP ROLE IF EXISTS stranger")
-        su.execute("CREATE ROLE stranger")
-        for f in ("drift(text)", "resync(text, integer, bigint, bigint)"):
-            assert not su.execute("SELECT has_function_privilege('stranger', %s, 'EXECUTE')", (f"feature_outbox.{f}",)).fetchone()[0]
-        su.execute("SET ROLE stranger")
-        state, _, _ = fails(su, "SELECT feature_outbox._drift_chunk('moves', 1, NULL, 10, 0)")
-        assert state == "42501"
-        state, _, _ = fails(su, "SELECT feature_outbox._resync_chunk('moves', 1, NULL, 10, 100, 0)")
-        assert state == "42501"
-        su.execute("RESET ROLE")
-        su.execute("DROP ROLE stranger")

@@ -1,8 +1,10 @@
 """Hostile input at the SQL level (issue 13): the saved corpus (fixtures/hostile_corpus.jsonl) replayed
-through edit_feature, a 1,000,000-vertex polygon, values that must never reach a NATS subject,
-feature ids at the bigint limits, 1 MB strings, eight connections creating the same id, and what an
-ordinary role may not do. Each input either writes a complete edit (feature, state and one outbox
-row) or raises a class-22 error and writes nothing; the backend never crashes."""
+through edit_feature, a 1,000,000-vertex polygon, feature ids at the bigint limits and a 1 MB property
+through NATS, and eight connections creating the same id. Each input either writes a complete edit
+(feature, state and one outbox row) or raises a class-22 error and writes nothing; the backend never
+crashes. Values that must never reach a NATS subject (event types, layer names, subject prefixes)
+and what an ordinary role may not do are SQL regression files: pg_test/sql/07_register_mistakes,
+22_settings, 15_privileges_layers, 24_backfill, 25_retry_parked, 26_monitoring and 27_secrets."""
 
 import json
 import threading
@@ -90,28 +92,6 @@ def test_a_million_vertex_polygon_through_both_forms(db):
     assert db.execute("SELECT ST_NPoints(geom) FROM feature_outbox.features WHERE id = 2").fetchone()[0] == 1_000_001
 
 
-@pytest.mark.parametrize("value", ["moved ", "mo ved", "moved.x", "*", ">", "moved\r\nPUB x 1", "a" * 1_000_000])
-def test_event_types_that_would_break_a_subject_are_refused(db, value):
-    state, _ = attempt(db, "SELECT feature_outbox.edit_feature(5, '{\"type\":\"Point\",\"coordinates\":[1,2]}', %s)", (value,))
-    assert state == "22023"
-
-
-@pytest.mark.parametrize("value", ["Notes", "no tes", "no.tes", "*", ">", "n\r\nPUB", "x" * 65, "l" * 1_000_000])
-def test_layer_names_that_would_break_a_subject_are_refused(db, value):
-    state, _ = attempt(db, "SELECT feature_outbox.register_layer(%s, 'public.notes')", (value,))
-    assert state == "22023"
-    state, _ = attempt(db, "SELECT feature_outbox.edit_feature(%s, 1, '{\"type\":\"Point\",\"coordinates\":[1,2]}', 'created')", (value,))
-    assert state == "42704"
-
-
-@pytest.mark.parametrize("value", ["", "a b", "a..b", ".a", "a.", "a.*", "a.>", "a\r\nb", "tab\there"])
-def test_subject_prefixes_that_would_break_a_subject_are_refused_when_set(relay, value):
-    with relay.connect(DB) as su:
-        with pytest.raises(psycopg.Error) as e:
-            su.execute("ALTER SYSTEM SET feature_outbox.nats_subject_prefix = '%s'" % value.replace("'", "''"))
-        assert e.value.sqlstate == "22023"
-
-
 def test_bigint_limits_and_a_megabyte_property_reach_nats(relay, db, nats_server):
     for fid in (9223372036854775807, -9223372036854775808, 0):
         assert attempt(db, "SELECT feature_outbox.edit_feature(%s, '{\"type\":\"Point\",\"coordinates\":[1,2]}', 'created')", (fid,))[0] == "ok"
@@ -149,41 +129,3 @@ def test_eight_connections_creating_one_id_one_wins(relay):
     assert sorted(results) == ["23505"] * 7 + ["ok"]
     with relay.connect(DB) as conn:
         assert conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE layer = 'notes' AND feature_id = 777").fetchone()[0] == 1
-
-
-def test_an_ordinary_role_can_do_none_of_the_operators_things(relay):
-    with relay.connect(DB) as su:
-        su.execute("DROP ROLE IF EXISTS mallory")
-        su.execute("CREATE ROLE mallory LOGIN")
-        su.execute("GRANT USAGE ON SCHEMA feature_outbox TO mallory")
-        su.execute("ALTER SYSTEM SET feature_outbox.http_secret = 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'")
-        su.execute("SELECT pg_reload_conf()")
-    try:
-        with psycopg.connect(relay.dsn(DB).replace("user=postgres", "user=mallory"), autocommit=True) as m:
-            # The secrets and where they are: not even shown (pg_read_all_settings members see ********).
-            for sql in ("SHOW feature_outbox.http_secret", "SHOW feature_outbox.endpoint",
-                        "SHOW feature_outbox.nats_credentials_file", "SHOW feature_outbox.nats_nkey_file"):
-                with pytest.raises(psycopg.Error) as e:
-                    m.execute(sql)
-                assert e.value.sqlstate == "42501", sql
-            shown = " ".join(str(v) for (v,) in m.execute("SELECT setting FROM pg_settings WHERE name LIKE 'feature_outbox.%'"))
-            assert "whsec_" not in shown and "MfKQ9r8" not in shown
-            denied = {
-                "ALTER SYSTEM SET feature_outbox.endpoint = 'nats://evil:4222'": "42501",
-                "SET feature_outbox.batch_size = 1": "55P02",
-                "SELECT feature_outbox.retry_parked()": "42501",
-                "CALL feature_outbox.backfill('notes')": "42501",
-                "INSERT INTO feature_outbox.outbox (feature_id, feature_version, event_type, routing_key, layer) VALUES (1, 1, 'created', 'x', 'notes')": "42501",
-                "UPDATE feature_outbox.outbox SET published_at = now()": "42501",
-                "SELECT feature_outbox.register_layer('mine', 'public.notes')": "42501",
-                "SELECT feature_outbox.edit_feature(1, '{\"type\":\"Point\",\"coordinates\":[1,2]}', 'moved')": "42501",
-                "SELECT * FROM feature_outbox.backlog_by_cell()": "42501",
-            }
-            for sql, state in denied.items():
-                with pytest.raises(psycopg.Error) as e:
-                    m.execute(sql)
-                assert e.value.sqlstate == state, (sql, e.value.sqlstate, str(e.value))
-    finally:
-        with relay.connect(DB) as su:
-            su.execute("ALTER SYSTEM RESET feature_outbox.http_secret")
-            su.execute("SELECT pg_reload_conf()")
