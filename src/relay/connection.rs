@@ -28,31 +28,9 @@ pub struct Connection {
     notice_logged: Option<String>,
 }
 
-/// The sink settings in effect, read from the GUCs on the worker's main thread.
+/// The sink settings in effect, for this worker's database.
 fn config() -> SinkConfig {
-    let optional = |s: String| (!s.is_empty()).then_some(s);
-    SinkConfig {
-        endpoint: settings::string(&settings::ENDPOINT),
-        publish_timeout: settings::millis(&settings::PUBLISH_TIMEOUT_MS),
-        tls_ca_file: optional(settings::string(&settings::TLS_CA_FILE)),
-        nats_credentials_file: optional(settings::string(&settings::NATS_CREDENTIALS_FILE)),
-        nats_nkey_file: optional(settings::string(&settings::NATS_NKEY_FILE)),
-        http_secret: optional(settings::string(&settings::HTTP_SECRET)),
-        http_secret_file: optional(settings::string(&settings::HTTP_SECRET_FILE)),
-        subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
-        legacy_subjects: settings::SUBJECT_FORMAT.get() == settings::SubjectFormat::Legacy,
-        subject_resolutions: settings::subject_resolutions(),
-        stream: settings::string(&settings::NATS_STREAM),
-        duplicate_window: Duration::from_secs(settings::NATS_DUPLICATE_WINDOW_S.get() as u64),
-        replicas: settings::NATS_REPLICAS.get() as usize,
-        max_age: Duration::from_secs(settings::NATS_MAX_AGE_S.get().max(0) as u64),
-        object_bucket: settings::string(&settings::NATS_OBJECT_BUCKET),
-        http_max_body: settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024,
-        envelope: settings::ENVELOPE.get(),
-        database: WORKER_DATABASE.get().cloned().unwrap_or_default(),
-        http_concurrency: settings::HTTP_CONCURRENCY.get().max(1) as usize,
-        http_batch: settings::HTTP_BATCH.get().max(1) as usize,
-    }
+    SinkConfig::from_settings(WORKER_DATABASE.get().cloned().unwrap_or_default())
 }
 
 impl Connection {
