@@ -83,7 +83,7 @@ def measure(c, conn, nats_server, sub, first):
     wait_for(lambda: all_published(conn), 30, "the singles to drain")
     conn.execute("SET enable_seqscan = off")
     conn.execute("SET enable_bitmapscan = off")
-    conn.execute("SET jit = off")  # as the relay's claim (src/claim.rs): JIT compiled it for ~100 ms
+    conn.execute("SET jit = off")  # as the relay's claim (src/relay/claim.rs): JIT compiled it for ~100 ms
     figures = {
         "latency p50 (ms)": latencies[len(latencies) // 2],
         "latency p95 (ms)": latencies[int(len(latencies) * 0.95)],

@@ -345,7 +345,7 @@ def claim_times(c):
     with c.connect(DB) as conn:
         conn.execute("SET enable_seqscan = off")
         conn.execute("SET enable_bitmapscan = off")
-        conn.execute("SET jit = off")  # as the relay's claim (src/claim.rs): JIT compiled it for ~100 ms
+        conn.execute("SET jit = off")  # as the relay's claim (src/relay/claim.rs): JIT compiled it for ~100 ms
 
         def timed(sql):
             ts = []

@@ -55,7 +55,7 @@ BASE_SETTINGS = (
 
 # Drills 1 to 3 claim small batches, so that each catch-up after the fault fills them and the
 # JetStream worker pipelines: it claims, reads and encodes the next batch while the last one is in
-# flight, and sends it from the next transaction (src/relay.rs).
+# flight, and sends it from the next transaction (src/relay/pipeline.rs).
 PIPELINED = "feature_outbox.batch_size = 10"
 PIPELINED_LOG = "claiming each next batch while the last one is in flight"
 

@@ -271,7 +271,7 @@ def all_published(conn) -> bool:
     return conn.execute("SELECT NOT EXISTS (SELECT 1 FROM feature_outbox.outbox WHERE published_at IS NULL)").fetchone()[0]
 
 
-# The claim's scan as a single worker runs it (src/claim.rs, CLAIM_SQL, with $3 workers = 1, so the
+# The claim's scan as a single worker runs it (src/relay/claim.rs, CLAIM_SQL, with $3 workers = 1, so the
 # partition test drops out), from the id given as `low`, claiming 200 rows.
 CLAIM_FROM = """SELECT o.id FROM feature_outbox.outbox o
                  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= {low}

@@ -5,6 +5,7 @@ receiver that refuses some events row-level, and a real nats-server."""
 
 import json
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -204,3 +205,53 @@ def test_a_row_sent_ahead_but_locked_elsewhere_stays_unpublished_and_holds_back_
         assert all(v == ([1, 2, 3] if f in moved else [1]) for f, v in seen.items()), "a feature's events out of order"
     finally:
         configure(relay, endpoint=receiver.url)
+
+
+def test_a_fresh_claim_leaves_a_later_row_behind_an_earlier_one_held_elsewhere(relay, receiver):
+    """The claim locks its rows FOR UPDATE ... SKIP LOCKED, so a row another transaction holds is
+    skipped. Before issue 37 the claim then took the same feature's next row, and it went out ahead
+    of the one held. Now no row is claimed while an earlier unpublished row of its feature is not
+    claimed with it: the later row waits until the earlier one is free, then both go out, in order,
+    each as committed. A batch that is not full is claimed fresh (nothing is read ahead), so this is
+    the claim's own path; the worker looks at the held row again every poll_interval."""
+    first = 50_000
+    move = """SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%%s,%%s]}', %s::int, i %% 80 - 40), 'moved')
+                FROM unnest(%s::bigint[]) i"""
+    reconfigure(relay, endpoint="", poll_interval="1s")
+    try:
+        with relay.connect(DB) as conn, relay.connect(DB) as locker:
+            # The held feature and others of the same worker's partition, which show that it ran.
+            same = conn.execute("""SELECT array_agg(i ORDER BY i) FROM generate_series(%s::bigint, %s::bigint) i
+                                    WHERE (hashint8(i) & 2147483647) %% 4 = (hashint8(%s::bigint) & 2147483647) %% 4""",
+                                (first, first + 99, first)).fetchone()[0][:8]
+            held_feature, others = same[0], same[1:]
+            conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[1,%%s]}', i %% 80 - 40), 'created')
+                              FROM unnest(%s::bigint[]) i""", (same,))
+            versions = lambda f: [e["event_version"] for e in receiver.events() if e["feature_id"] == str(f)]
+            with locker.transaction():
+                [(held,)] = locker.execute("""SELECT id FROM feature_outbox.outbox WHERE feature_id = %s AND feature_version = 1
+                                               FOR UPDATE""", (held_feature,)).fetchall()
+                conn.execute(move, (2, same))
+                configure(relay, endpoint=receiver.url)
+                wait_for(lambda: all(versions(f) == [1, 2] for f in others), 30, "the other features' events")
+                # Several claims of the worker that owns it (one per poll_interval at least).
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:
+                    assert versions(held_feature) == [], "a later row of a feature went out ahead of its held row"
+                    time.sleep(0.1)
+                unpublished = conn.execute("""SELECT array_agg(feature_version ORDER BY id) FROM feature_outbox.outbox
+                                               WHERE feature_id = %s AND published_at IS NULL""", (held_feature,)).fetchone()[0]
+                assert unpublished == [1, 2]
+            wait_for(lambda: versions(held_feature) == [1, 2], 30, "the held row, then the one behind it")
+            committed = {r[0]: r[1:] for r in conn.execute(
+                """SELECT event_id::text, feature_id::text, feature_version, event_type, routing_key, published_at IS NOT NULL
+                     FROM feature_outbox.outbox WHERE feature_id = ANY(%s)""", (same,)).fetchall()}
+        events = [e for e in receiver.events() if int(e["feature_id"]) in same]
+        assert sorted(e["event_id"] for e in events) == sorted(committed), "each committed event once, and no other"
+        for e in events:
+            assert (e["feature_id"], e["event_version"], e["action"], e["routing_key"], True) == committed[e["event_id"]]
+        # Both read the feature's row as committed last: version 2, at [2, y].
+        for e in (e for e in events if e["feature_id"] == str(held_feature)):
+            assert (e["geometry"]["coordinates"], e["geometry_version"]) == ([2, held_feature % 80 - 40], 2)
+    finally:
+        configure(relay, endpoint=receiver.url, poll_interval="60s")

@@ -96,7 +96,7 @@ def drained(c):
 def buffers(c, sql):
     """Shared buffers the statement's plan hit or read, from EXPLAIN (ANALYZE, BUFFERS)."""
     with c.connect(LW_DB) as conn:
-        # The worker's own settings for its claim (src/relay.rs, claim): the partial index, in id order.
+        # The worker's own settings for its claim (src/relay/claim.rs): the partial index, in id order.
         conn.execute("SET enable_seqscan = off")
         conn.execute("SET enable_bitmapscan = off")
         plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}").fetchone()[0][0]["Plan"]

@@ -7,7 +7,6 @@
 use pgrx::prelude::*;
 
 mod backoff;
-mod claim;
 mod databases;
 mod ddl_guard;
 mod edit;
@@ -17,7 +16,6 @@ mod input_error;
 mod launcher;
 mod monitoring;
 mod plans;
-mod low_water;
 mod relay;
 mod relay_state;
 mod roles;

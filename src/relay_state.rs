@@ -151,7 +151,7 @@ pub struct Database {
     /// Bumped by each CREATE EXTENSION commit there: a look that began before one looks again.
     pub looks_asked: u32,
     /// The claim's low-water mark: every outbox row with a lower id is published or parked, and no
-    /// transaction that could still add one below it is running (see low_water.rs). 0 = unknown.
+    /// transaction that could still add one below it is running (see relay/low_water.rs). 0 = unknown.
     pub low_water: i64,
     /// The outbox the mark belongs to: DROP and CREATE EXTENSION make another, whose ids start again.
     pub low_water_relid: u32,
@@ -404,7 +404,7 @@ fn wake_all() {
 
 /// Sets the latches of this database's workers in `mask` (bit = worker index).
 fn wake(mask: u32) {
-    // A worker backing off after a sink failure sleeps its backoff out whatever commits (relay.rs,
+    // A worker backing off after a sink failure sleeps its backoff out whatever commits (relay/connection.rs,
     // sleep_for): waking it would cost every commit a signal and the worker a wake-up for nothing.
     let database = this_database();
     let latches: Vec<usize> = RELAY

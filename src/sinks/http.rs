@@ -15,7 +15,7 @@ use ureq::tls::{RootCerts, TlsConfig};
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 
-use super::{Outcome, SinkConfig};
+use super::{Outcome, Sink, SinkConfig};
 use crate::cloudevents::{self, Binding, Message};
 use crate::event::{Row, webhook_signature};
 use crate::settings::Envelope;
@@ -127,17 +127,11 @@ impl HttpSink {
     }
 
     /// Sends the rows, which belong to distinct features (the relay's rounds see to that), so any
-    /// order is per-feature order. Up to `concurrency` requests are in flight; after a sink-level
-    /// failure, and once one publish_timeout has passed, no further request starts, so the claiming
-    /// transaction stays short even with a slow receiver. The rows not tried are claimed again by
-    /// the next batch.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]]) -> Vec<Outcome> {
-        self.publish_while(rows, bodies, || {})
-    }
-
-    /// `publish`, running `meanwhile` on this thread while the requests are in flight on others (the
-    /// worker claims, reads and encodes its next batch then).
-    pub fn publish_while(&mut self, rows: &[Row], bodies: &[&[u8]], meanwhile: impl FnOnce()) -> Vec<Outcome> {
+    /// order is per-feature order. Up to `concurrency` requests are in flight on other threads while
+    /// `meanwhile` runs on this one; after a sink-level failure, and once one publish_timeout has
+    /// passed, no further request starts, so the claiming transaction stays short even with a slow
+    /// receiver. The rows not tried are claimed again by the next batch.
+    fn publish_while(&mut self, rows: &[Row], bodies: &[&[u8]], meanwhile: &mut dyn FnMut()) -> Vec<Outcome> {
         let deadline = Instant::now() + self.timeout;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
         let requests = self.requests(rows, bodies, &mut outcomes);
@@ -300,6 +294,12 @@ impl HttpSink {
                 }
             }
         }
+    }
+}
+
+impl Sink for HttpSink {
+    fn send(&mut self, rows: &[Row], bodies: &[&[u8]], _relayed_at: &str, meanwhile: &mut dyn FnMut()) -> Vec<Outcome> {
+        self.publish_while(rows, bodies, meanwhile)
     }
 }
 

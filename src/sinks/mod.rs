@@ -1,10 +1,13 @@
 //! Where the relay publishes: NATS JetStream or an HTTP webhook, chosen by the endpoint's scheme.
-//! Sinks are plain Rust (no Postgres calls): the worker reads settings and hands them over.
+//! Sinks are plain Rust (no Postgres calls): the worker reads settings and hands them over, and
+//! knows a sink only through the `Sink` trait.
 
 use std::time::Duration;
 
 use crate::event::Row;
 
+#[cfg(feature = "fault-injection")]
+mod discard;
 pub mod http;
 pub mod nats;
 
@@ -59,45 +62,99 @@ pub enum Outcome {
     NotTried,
 }
 
-pub enum Sink {
-    Nats(nats::NatsSink),
-    Http(http::HttpSink),
-    /// Test and benchmark builds only (`discard://`): acknowledges every event without sending it,
-    /// so `make bench` can measure the worker's own claim and mark (the in-worker floor).
-    #[cfg(feature = "fault-injection")]
-    Discard,
+/// Where a relay worker sends its batches. A new sink is a new file in this directory and one line
+/// in `connect`; the worker's loop never names one.
+pub trait Sink {
+    /// Sends one batch; `bodies[i]` is the event JSON of `rows[i]`, relayed at `relayed_at` (for an
+    /// event rebuilt with its geometry by reference). Calls `meanwhile` exactly once, on this thread,
+    /// while the batch is in flight: the worker claims and encodes its next batch then. Returns one
+    /// outcome per row, in order.
+    fn send(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str, meanwhile: &mut dyn FnMut()) -> Vec<Outcome>;
+
+    /// Starts sending rows before the batch before them is marked and committed, so the sink takes
+    /// them in meanwhile; their outcomes come from the returned InFlight. None (the default): this
+    /// sink does not send ahead, and the rows go out with `send` in their own transaction.
+    fn send_ahead(&mut self, _rows: &[Row], _bodies: &[&[u8]], _relayed_at: &str) -> Option<InFlight> {
+        None
+    }
+
+    /// Something about the destination the worker logs once after connecting (a JetStream stream
+    /// found with other limits than the settings ask for).
+    fn notice(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The outcomes of rows a sink sent ahead, still to come.
+pub struct InFlight(Box<dyn FnOnce() -> Vec<Outcome>>);
+
+impl InFlight {
+    pub fn new(outcomes: impl FnOnce() -> Vec<Outcome> + 'static) -> InFlight {
+        InFlight(Box::new(outcomes))
+    }
+
+    /// Waits for them (each sink bounds the wait by its publish timeout).
+    pub fn outcomes(self) -> Vec<Outcome> {
+        (self.0)()
+    }
 }
 
 impl SinkConfig {
+    /// The settings in effect, read from the GUCs (on the worker's main thread: a GUC read
+    /// elsewhere panics), for the worker relaying `database`'s outbox.
+    pub fn from_settings(database: String) -> SinkConfig {
+        use crate::settings;
+        let optional = |s: String| (!s.is_empty()).then_some(s);
+        SinkConfig {
+            endpoint: settings::string(&settings::ENDPOINT),
+            publish_timeout: settings::millis(&settings::PUBLISH_TIMEOUT_MS),
+            tls_ca_file: optional(settings::string(&settings::TLS_CA_FILE)),
+            nats_credentials_file: optional(settings::string(&settings::NATS_CREDENTIALS_FILE)),
+            nats_nkey_file: optional(settings::string(&settings::NATS_NKEY_FILE)),
+            http_secret: optional(settings::string(&settings::HTTP_SECRET)),
+            http_secret_file: optional(settings::string(&settings::HTTP_SECRET_FILE)),
+            subject_prefix: settings::string(&settings::NATS_SUBJECT_PREFIX),
+            legacy_subjects: settings::SUBJECT_FORMAT.get() == settings::SubjectFormat::Legacy,
+            subject_resolutions: settings::subject_resolutions(),
+            stream: settings::string(&settings::NATS_STREAM),
+            duplicate_window: Duration::from_secs(settings::NATS_DUPLICATE_WINDOW_S.get() as u64),
+            replicas: settings::NATS_REPLICAS.get() as usize,
+            max_age: Duration::from_secs(settings::NATS_MAX_AGE_S.get().max(0) as u64),
+            object_bucket: settings::string(&settings::NATS_OBJECT_BUCKET),
+            http_max_body: settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024,
+            envelope: settings::ENVELOPE.get(),
+            database,
+            http_concurrency: settings::HTTP_CONCURRENCY.get().max(1) as usize,
+            http_batch: settings::HTTP_BATCH.get().max(1) as usize,
+        }
+    }
+
     /// The endpoint's scheme, lowercased: `nats`, `tls`, `http`, `https` (or what the user wrote).
     pub fn scheme(&self) -> String {
         self.endpoint.split("://").next().unwrap_or("").to_ascii_lowercase()
     }
 }
 
-impl Sink {
-    /// Connects to the endpoint. An error is sink-level (transient): the caller backs off.
-    pub fn connect(config: &SinkConfig, client_name: &str) -> Result<Sink, String> {
-        match config.scheme().as_str() {
-            "nats" | "tls" => nats::NatsSink::connect(config, client_name).map(Sink::Nats),
-            "http" | "https" => http::HttpSink::new(config).map(Sink::Http),
-            #[cfg(feature = "fault-injection")]
-            "discard" => Ok(Sink::Discard),
-            _ => Err(format!(
-                "feature_outbox.endpoint \"{}\" must start with nats://, tls://, http:// or https://",
-                config.endpoint
-            )),
-        }
+/// Connects to the endpoint, by its scheme. An error is sink-level (transient): the caller backs off.
+pub fn connect(config: &SinkConfig, client_name: &str) -> Result<Box<dyn Sink>, String> {
+    match config.scheme().as_str() {
+        "nats" | "tls" => Ok(Box::new(nats::NatsSink::connect(config, client_name)?)),
+        "http" | "https" => Ok(Box::new(http::HttpSink::new(config)?)),
+        #[cfg(feature = "fault-injection")]
+        "discard" => Ok(Box::new(discard::Discard)),
+        _ => Err(format!(
+            "feature_outbox.endpoint \"{}\" must start with nats://, tls://, http:// or https://",
+            config.endpoint
+        )),
     }
+}
 
-    /// Publishes one claimed batch; `bodies[i]` is the event JSON of `rows[i]`, relayed at
-    /// `relayed_at` (for an event rebuilt with its geometry by reference). One outcome per row.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Vec<Outcome> {
-        match self {
-            Sink::Nats(s) => s.publish(rows, bodies, relayed_at),
-            Sink::Http(s) => s.publish(rows, bodies),
-            #[cfg(feature = "fault-injection")]
-            Sink::Discard => rows.iter().map(|_| Outcome::Delivered { duplicate: false }).collect(),
-        }
+/// Whether a server of the endpoint accepts connections now, for a sink that can tell without
+/// connecting (NATS: a TCP connect within `timeout`); None for one that cannot. A worker backing
+/// off after failed connects ends its backoff when a server that did not answer answers again.
+pub fn answers(config: &SinkConfig, timeout: std::time::Duration) -> Option<bool> {
+    match config.scheme().as_str() {
+        "nats" | "tls" => Some(nats::answers(&config.endpoint, timeout)),
+        _ => None,
     }
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::future::join_all;
 use tokio::runtime::Runtime;
 
-use super::{Outcome, SinkConfig};
+use super::{InFlight, Outcome, Sink, SinkConfig};
 use crate::cloudevents::{self, Binding, Message};
 use crate::event::{self, GeometryRef, Row};
 use crate::settings::Envelope;
@@ -32,7 +32,7 @@ pub struct NatsSink {
     /// The object bucket, created or found on the first event over max_payload.
     objects: Option<object_store::ObjectStore>,
     /// Set when the stream existed with limits other than the settings ask for; the worker logs it.
-    pub limits_differ: Option<String>,
+    limits_differ: Option<String>,
 }
 
 /// Splits `scheme://[user[:password]@]host:port` into credentials and a credential-free address.
@@ -156,20 +156,12 @@ impl NatsSink {
         Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, database: config.database.clone(), timeout, bucket, objects: None, limits_differ })
     }
 
-    /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
-    /// awaited together. Every await is bounded by publish_timeout, so a stalled server costs one
-    /// timeout, never a stuck transaction. After a sink-level failure the rest is not tried.
-    pub fn publish(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Vec<Outcome> {
-        let pending = self.begin(rows, bodies, relayed_at);
-        self.finish(pending)
-    }
-
     /// Hands the batch to the runtime's thread, which builds each message (subjects, headers),
     /// sends it and collects the PubAcks, and returns at once: the worker's own thread meanwhile
     /// claims, encodes and marks (`finish` awaits the outcomes). Chunks of IN_FLIGHT messages: in a
     /// batch over IN_FLIGHT, a chunk is acknowledged before the next is sent. The geometry of an
     /// event over max_payload is stored in the object bucket first, on the worker's thread.
-    pub fn begin(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Pending {
+    fn begin(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Pending {
         let max_payload = self.client.server_info().max_payload;
         // An event over max_payload carries its geometry by reference: the geometry goes into the
         // object bucket first, and the event follows only once the object is stored.
@@ -201,10 +193,17 @@ impl NatsSink {
         Pending(crate::signals::blocked(|| self.runtime.spawn(sender.send_all(outgoing))), n)
     }
 
-    /// Awaits the outcomes of the batch `begin` handed over: one per row, in order.
-    pub fn finish(&mut self, pending: Pending) -> Vec<Outcome> {
-        let n = pending.1;
-        match block_on(&self.runtime, pending.0) {
+}
+
+/// A batch `begin` handed to the runtime: its outcomes to come, and its row count.
+struct Pending(tokio::task::JoinHandle<Vec<Outcome>>, usize);
+
+impl Pending {
+    /// Awaits the outcomes: one per row, in order. Each await inside is bounded by publish_timeout,
+    /// so a stalled server costs one timeout, never a stuck transaction.
+    fn outcomes(self, runtime: &tokio::runtime::Handle) -> Vec<Outcome> {
+        let n = self.1;
+        match crate::signals::blocked(|| runtime.block_on(self.0)) {
             Ok(outcomes) => outcomes,
             // The task panicked or was cancelled: nothing is known of any row; send it all again.
             Err(e) => vec![Outcome::SinkFailed { error: format!("publishing failed: {e}"), retry_after: None }; n],
@@ -212,8 +211,27 @@ impl NatsSink {
     }
 }
 
-/// A batch `begin` handed to the runtime: its outcomes to come, and its row count.
-pub struct Pending(tokio::task::JoinHandle<Vec<Outcome>>, usize);
+impl Sink for NatsSink {
+    /// Publishes in chunks of at most IN_FLIGHT messages, each chunk sent at once and its PubAcks
+    /// awaited together. After a sink-level failure the rest is not tried.
+    fn send(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str, meanwhile: &mut dyn FnMut()) -> Vec<Outcome> {
+        let pending = self.begin(rows, bodies, relayed_at);
+        meanwhile();
+        pending.outcomes(self.runtime.handle())
+    }
+
+    /// JetStream takes the rows in while the worker marks and commits the batch before them; their
+    /// Nats-Msg-Id makes a copy sent again (a row the next transaction cannot lock) a duplicate.
+    fn send_ahead(&mut self, rows: &[Row], bodies: &[&[u8]], relayed_at: &str) -> Option<InFlight> {
+        let pending = self.begin(rows, bodies, relayed_at);
+        let runtime = self.runtime.handle().clone();
+        Some(InFlight::new(move || pending.outcomes(&runtime)))
+    }
+
+    fn notice(&self) -> Option<String> {
+        self.limits_differ.clone()
+    }
+}
 
 /// Everything the runtime's thread needs to send a batch, owned: no Postgres call is made there.
 struct Sender {

@@ -1,5 +1,5 @@
-//! The relay's claim: one batch of outbox rows locked FOR UPDATE ... SKIP LOCKED, then, for each
-//! layer in the batch, one bounded read of its table for the claimed features' current rows. Each
+//! The relay's claim: one batch of outbox rows locked FOR UPDATE ... SKIP LOCKED, then (read_content),
+//! for each layer in the batch, one bounded read of its table for the claimed features' current rows. Each
 //! layer's read runs in its own subtransaction, so a layer that cannot be read stops no other. A
 //! layer whose table or registered columns are gone (dropped past the DDL guard: a superuser's
 //! repair, single-user mode) is held: its rows wait, unpublished and never parked, until
@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::value::RawValue;
 
+use super::error::RelayError;
 use crate::event::Row;
 use crate::plans::prepared;
 use crate::subxact;
@@ -25,14 +26,18 @@ use crate::subxact;
 //   so two events of one feature are never in flight in two workers;
 // - a feature whose older row waits for its per-row retry time (next_attempt_at in the future) has
 //   none of its later rows claimed until that row is delivered or parked. Such rows are few, and the
-//   partial index outbox_waiting holds exactly them.
+//   partial index outbox_waiting holds exactly them;
+// - the features passed over (another transaction holds one of their rows, pipeline.rs) are left
+//   out: $5 their feature_ids, $6 their `layer feature_id` keys (the text is built only for a row
+//   whose feature_id is among them);
+// - a parked row holds nothing back (docs, Failures: "A parked row no longer holds its feature back").
 // Within a batch, publish() sends a feature's rows in id order, each after the one before it was
 // acknowledged.
-const CLAIM_SELECT: &str = "
-SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.routing_key,
+const COLUMNS: &str = "o.id, o.event_id::text AS event_id, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key,
-       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       o.row_failures, o.layer, o.previous_bbox, o.feature_key, o.traceparent, o.tracestate
+       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS occurred_at,
+       o.row_failures, o.layer, o.previous_bbox, o.feature_key, o.traceparent, o.tracestate";
+const CLAIMABLE: &str = "
   FROM feature_outbox.outbox o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
    AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
@@ -42,17 +47,49 @@ SELECT o.id, o.event_id::text, o.feature_id, o.feature_version, o.event_type, o.
                     WHERE w.published_at IS NULL AND w.next_attempt_at IS NOT NULL AND w.parked_at IS NULL
                       AND w.feature_id = o.feature_id AND w.next_attempt_at > now() AND w.layer = o.layer
                       AND w.id < o.id)
+   AND (o.feature_id <> ALL ($5::bigint[]) OR o.layer || ' ' || o.feature_id <> ALL ($6::text[]))
  ";
 
-/// The claim: the rows locked, those locked elsewhere skipped.
-static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} ORDER BY o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED"));
+/// The claim: the rows locked, those locked elsewhere skipped; and, for each row, the first earlier
+/// unpublished row of its feature that the claim did not take (`before`), or NULL. SKIP LOCKED
+/// skips a row another transaction holds, and would take the row behind it: the ordering rule
+/// (pipeline.rs) leaves out every row with a `before`. Such a row can only be one held elsewhere:
+/// a row waiting for its retry, or of a held layer, keeps its feature's later rows out of the claim
+/// already, and a parked one does not count. `before` walks the index once more, from the mark to
+/// the last row claimed (the rows the claim walked), this worker's partition only. Both tests
+/// against the claimed rows are hashed subplans: `NOT IN` is never turned into a join, and the
+/// double negation keeps the feature test one too (as a join, the planner, which expects one
+/// claimed row, loops over all of them for each row walked: 450 ms a batch with 4 workers). On a
+/// 100,000-row backlog this takes the claim of 1,000 rows from 1.9 to 4 ms (1 worker) and from 2.8
+/// to 7-9 ms (4 workers); of 100 rows from 0.37 to 0.75 ms. Only a fresh claim pays it: with a
+/// backlog, each next batch is read ahead and relocked (pipeline.rs), never claimed fresh.
+static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH c AS MATERIALIZED (SELECT {COLUMNS} {CLAIMABLE} ORDER BY o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED),
+              before AS (SELECT e.layer, e.feature_id, min(e.id) AS id
+                           FROM feature_outbox.outbox e
+                          WHERE e.published_at IS NULL AND e.parked_at IS NULL
+                            AND e.id >= $2 AND e.id < (SELECT max(c.id) FROM c)
+                            AND ($3 <= 1 OR (hashint8(e.feature_id) & 2147483647) % $3 = $4)
+                            AND e.id NOT IN (SELECT c.id FROM c)
+                            AND NOT ((e.layer, e.feature_id) NOT IN (SELECT c.layer, c.feature_id FROM c))
+                          GROUP BY e.layer, e.feature_id)
+         SELECT c.*, b.id FROM c LEFT JOIN before b ON b.layer = c.layer AND b.feature_id = c.feature_id AND b.id < c.id
+          ORDER BY c.id"
+    )
+});
 
 /// The claim ahead, read while the batch claimed before it is in flight: without locks, which would
 /// not outlive this transaction (the transaction that sends it locks its rows again, see
-/// relay.rs `Built::relock`), and without that batch's own rows ($5). Run unprepared, so the planner
-/// sees $5 as a constant and looks it up in a hash table (a hashed `= ANY`, PostgreSQL 14 and
-/// later): kept as a generic plan, each row would walk the whole array.
-static CLAIM_AHEAD_SQL: LazyLock<String> = LazyLock::new(|| format!("{CLAIM_SELECT} AND NOT (o.id = ANY($5)) ORDER BY o.id LIMIT $1"));
+/// pipeline.rs `Batch::relock`, which applies the ordering rule), and without that batch's own
+/// rows ($7). Run unprepared, so the planner sees $7 as a constant and looks it up in a hash table
+/// (a hashed `= ANY`, PostgreSQL 14 and later): kept as a generic plan, each row would walk the
+/// whole array.
+static CLAIM_AHEAD_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {COLUMNS}, NULL::bigint {CLAIMABLE} AND NOT (o.id = ANY($7)) ORDER BY o.id LIMIT $1"));
+
+const CLAIM_TYPES: [pg_sys::Oid; 6] =
+    [pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT4OID, pg_sys::INT8ARRAYOID, pg_sys::TEXTARRAYOID];
 
 /// plan_cache_mode as it was, then forcing generic plans, for this transaction.
 const GENERIC_SQL: &str = "SELECT current_setting('plan_cache_mode'), set_config('plan_cache_mode', 'force_generic_plan', true)";
@@ -90,16 +127,27 @@ SELECT r.layer, c.oid IS NOT NULL, r.tbl::oid::bigint, r.since_id, c.relowner,
 /// A feature's current row: version, WKB in EPSG:4326, properties.
 type Current = (Option<i32>, Option<Vec<u8>>, Option<String>);
 
-fn text(e: impl std::fmt::Display) -> String {
-    e.to_string()
+/// What to claim: up to `limit` rows of worker `index`'s features (of `workers`), from the
+/// low-water mark up, leaving out the features `passed_over`.
+pub struct Request<'a> {
+    pub limit: i64,
+    pub index: usize,
+    pub workers: usize,
+    pub passed_over: &'a [(String, i64)],
 }
 
-/// Claims up to `limit` rows of worker `index`'s features (of `workers`) from the low-water mark up,
-/// and fills in each one's current feature row. With `held` (the batch this transaction claimed
-/// already), it claims ahead: it leaves those rows out, and takes no lock (`CLAIM_AHEAD_SQL`). From
-/// the mark, not from above `held`: a row below them that became claimable since (a late commit, a
-/// retry come due) is taken in its feature's order.
-pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usize, held: &HashSet<i64>) -> Result<Vec<Row>, String> {
+/// Claimed rows without their content yet, and for each the earlier row of its feature that the
+/// claim did not take (see CLAIM_SQL).
+pub struct Claimed {
+    pub rows: Vec<Row>,
+    pub before: Vec<Option<i64>>,
+}
+
+/// Claims the rows `request` names. With `ahead_of` (the batch this transaction claimed already), it
+/// claims ahead: it leaves those rows out, and takes no lock (`CLAIM_AHEAD_SQL`). From the mark, not
+/// from above `ahead_of`: a row below them that became claimable since (a late commit, a retry come
+/// due) is taken in its feature's order.
+pub fn claim(client: &mut SpiClient<'_>, request: &Request<'_>, ahead_of: Option<&HashSet<i64>>) -> Result<Claimed, RelayError> {
     // A freshly loaded backlog has no statistics yet: the planner then picks a bitmap scan and sorts
     // every unpublished row (17 ms per batch at 50k rows, measured) instead of reading the first n
     // from the partial index (1 ms). The walk in id order is always right here; pin it for this
@@ -109,38 +157,46 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
     // Every statement of the relay's loop is a kept plan: parsing and planning them anew took half
     // of an idle worker's CPU at 1,000 edits/s (perf, issue 24).
     let settings = prepared(client, PLANNER_SQL, &[], true);
-    client.update(&*settings, None, &[]).map_err(text)?;
-    // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes).
-    let low_water = crate::relay_state::low_water();
-    let mut args = vec![limit.into(), low_water.into(), (workers as i32).into(), (index as i32).into()];
-    // Read-write either way: SPI then takes a fresh snapshot, which sees the rows committed since
-    // this transaction began.
-    let table = if held.is_empty() {
-        let plan = prepared(client, &CLAIM_SQL, &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT4OID], true);
-        client.update(&*plan, None, &args)
-    } else {
-        args.push(held.iter().copied().collect::<Vec<i64>>().into());
-        client.update(CLAIM_AHEAD_SQL.as_str(), None, &args)
-    }
-    .map_err(text)?;
-    let mut rows = Vec::with_capacity(table.len());
+    client.update(&*settings, None, &[])?;
+    let (ids, keys): (Vec<i64>, Vec<String>) = request.passed_over.iter().map(|(layer, id)| (*id, format!("{layer} {id}"))).unzip();
+    let mut args = vec![
+        request.limit.into(),
+        crate::relay_state::low_water().into(),
+        (request.workers as i32).into(),
+        (request.index as i32).into(),
+        ids.into(),
+        keys.into(),
+    ];
+    // FOR UPDATE must go through update(): select() runs read-only (pgrx field notes). Read-write
+    // either way: SPI then takes a fresh snapshot, which sees the rows committed since this
+    // transaction began.
+    let table = match ahead_of {
+        None => {
+            let plan = prepared(client, &CLAIM_SQL, &CLAIM_TYPES, true);
+            client.update(&*plan, None, &args)?
+        }
+        Some(held) => {
+            args.push(held.iter().copied().collect::<Vec<i64>>().into());
+            client.update(CLAIM_AHEAD_SQL.as_str(), None, &args)?
+        }
+    };
+    let mut claimed = Claimed { rows: Vec::with_capacity(table.len()), before: Vec::with_capacity(table.len()) };
     for r in table {
-        let id = r.get::<i64>(1).map_err(text)?.unwrap_or_default();
-        let get_s = |i| r.get::<String>(i).map_err(text);
-        rows.push(Row {
-            id,
+        let get_s = |i| r.get::<String>(i);
+        claimed.rows.push(Row {
+            id: r.get::<i64>(1)?.unwrap_or_default(),
             event_id: get_s(2)?.unwrap_or_default(),
-            feature_id: r.get::<i64>(3).map_err(text)?.unwrap_or_default(),
+            feature_id: r.get::<i64>(3)?.unwrap_or_default(),
             feature_key: get_s(12)?,
-            feature_version: r.get::<i32>(4).map_err(text)?.unwrap_or_default(),
+            feature_version: r.get::<i32>(4)?.unwrap_or_default(),
             event_type: get_s(5)?.unwrap_or_default(),
             routing_key: get_s(6)?.unwrap_or_default(),
             previous_routing_key: get_s(7)?,
             occurred_at: get_s(8)?.unwrap_or_default(),
-            row_failures: r.get::<i32>(9).map_err(text)?.unwrap_or_default(),
+            row_failures: r.get::<i32>(9)?.unwrap_or_default(),
             layer: get_s(10)?.unwrap_or_default(),
             registration_id: 0,
-            previous_bbox: r.get::<Vec<f64>>(11).map_err(text)?,
+            previous_bbox: r.get::<Vec<f64>>(11)?,
             geometry_version: None,
             geometry: None,
             properties: None,
@@ -148,22 +204,29 @@ pub fn claim(client: &mut SpiClient<'_>, limit: i64, index: usize, workers: usiz
             traceparent: get_s(13)?,
             tracestate: get_s(14)?,
         });
+        claimed.before.push(r.get::<i64>(15)?);
     }
-    if !rows.is_empty() {
-        // The claim ran read-write, so SPI took a fresh snapshot for it. The reads below run
-        // read-only, and read-only SPI uses the active snapshot: the one this transaction began
-        // with, older than the claim's. An edit that committed in between had its outbox row
-        // claimed but its feature row unseen, and went out with null content (issue 20). Read
-        // under a snapshot taken now, which sees everything the claim saw (in READ COMMITTED, a
-        // new one; the relay's transactions always are, see relay.rs).
-        unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-        let read = read_layers(client, &mut rows);
-        unsafe { pg_sys::PopActiveSnapshot() };
-        let held = read?;
-        // Held layers' rows stay as they are; their locks go with this transaction.
-        rows.retain(|r| !held.contains(&r.layer));
+    Ok(claimed)
+}
+
+/// Fills in each claimed row's current feature row: for each layer in the batch, one bounded read
+/// of its table. The rows of a layer found held are left out (their locks go with this transaction).
+pub fn read_content(client: &mut SpiClient<'_>, rows: &mut Vec<Row>) -> Result<(), RelayError> {
+    if rows.is_empty() {
+        return Ok(());
     }
-    Ok(rows)
+    // The claim ran read-write, so SPI took a fresh snapshot for it. The reads below run
+    // read-only, and read-only SPI uses the active snapshot: the one this transaction began
+    // with, older than the claim's. An edit that committed in between had its outbox row
+    // claimed but its feature row unseen, and went out with null content (issue 20). Read
+    // under a snapshot taken now, which sees everything the claim saw (in READ COMMITTED, a
+    // new one; the relay's transactions always are, see relay/mod.rs).
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let read = read_layers(client, rows);
+    unsafe { pg_sys::PopActiveSnapshot() };
+    let held = read?;
+    rows.retain(|r| !held.contains(&r.layer));
+    Ok(())
 }
 
 /// Whether a failed layer read means the layer's table no longer matches its registration: a
@@ -182,7 +245,7 @@ fn holds(code: PgSqlErrorCode) -> bool {
 /// Fills in geometry, version and properties of each row from its layer's table: one query per
 /// layer, in its own subtransaction. A layer that cannot be read sets `read_error` on its rows, or
 /// is held (see `holds`): recorded in layer_registry (held_since, held_reason) and returned.
-fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<String>, String> {
+fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<String>, RelayError> {
     let mut names: Vec<String> = rows.iter().map(|r| r.layer.clone()).collect();
     names.sort();
     names.dedup();
@@ -190,18 +253,18 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
     // took 28 % of a worker's CPU at 1,000 edits/s (perf). Only for this read: a layer's own read
     // keeps its custom plan, which prunes a partitioned table's partitions by the claimed keys.
     let generic = prepared(client, GENERIC_SQL, &[], true);
-    let mode = client.update(&*generic, None, &[]).and_then(|t| t.first().get_one::<String>()).map_err(text)?.unwrap_or_default();
+    let mode = client.update(&*generic, None, &[]).and_then(|t| t.first().get_one::<String>())?.unwrap_or_default();
     let plan = prepared(client, LAYERS_SQL, &[pg_sys::TEXTARRAYOID], false);
-    let registry = client.select(&*plan, None, &[names.clone().into()]).map_err(text)?;
+    let registry = client.select(&*plan, None, &[names.clone().into()])?;
     // layer -> (since_id, table owner, read statement), or why it cannot be read and whether that holds it
     let mut reads: HashMap<String, Result<(i64, pg_sys::Oid, String), (String, bool)>> = HashMap::new();
     for r in registry {
-        let layer = r.get::<String>(1).map_err(text)?.unwrap_or_default();
-        let exists = r.get::<bool>(2).map_err(text)?.unwrap_or(false);
-        let oid = r.get::<i64>(3).map_err(text)?.unwrap_or_default();
-        let since = r.get::<i64>(4).map_err(text)?.unwrap_or_default();
-        let owner = r.get::<pg_sys::Oid>(5).map_err(text)?.unwrap_or(pg_sys::Oid::INVALID);
-        let sql = r.get::<String>(6).map_err(text)?.unwrap_or_default();
+        let layer = r.get::<String>(1)?.unwrap_or_default();
+        let exists = r.get::<bool>(2)?.unwrap_or(false);
+        let oid = r.get::<i64>(3)?.unwrap_or_default();
+        let since = r.get::<i64>(4)?.unwrap_or_default();
+        let owner = r.get::<pg_sys::Oid>(5)?.unwrap_or(pg_sys::Oid::INVALID);
+        let sql = r.get::<String>(6)?.unwrap_or_default();
         let read = if exists {
             Ok((since, owner, sql))
         } else {
@@ -210,7 +273,7 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
         reads.insert(layer, read);
     }
     let restore = prepared(client, RESTORE_SQL, &[pg_sys::TEXTOID], true);
-    client.update(&*restore, None, &[mode.into()]).map_err(text)?;
+    client.update(&*restore, None, &[mode.into()])?;
     let mut held = Vec::new();
     for layer in names {
         let read = reads.remove(&layer).unwrap_or_else(|| Err((format!("layer \"{layer}\" is not registered"), false)));
@@ -242,7 +305,7 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
                         row.geometry_version = *version;
                         row.geometry = geometry.clone();
                         row.properties = match properties {
-                            Some(p) => Some(RawValue::from_string(p.clone()).map_err(text)?),
+                            Some(p) => Some(RawValue::from_string(p.clone()).map_err(|e| RelayError::Sql(e.to_string()))?),
                             None => None,
                         };
                     }
@@ -255,7 +318,7 @@ fn read_layers(client: &mut SpiClient<'_>, rows: &mut [Row]) -> Result<Vec<Strin
 }
 
 /// Holds `layer`: the claim skips its rows from the next batch on, until release_layer().
-fn hold(client: &mut SpiClient<'_>, layer: &str, reason: &str) -> Result<(), String> {
+fn hold(client: &mut SpiClient<'_>, layer: &str, reason: &str) -> Result<(), RelayError> {
     let why = format!("{reason}; restore it, then SELECT feature_outbox.release_layer('{layer}') (see README, Layers)");
     log!("feature_outbox relay: layer \"{layer}\" is held, its rows wait: {why}");
     client
@@ -265,7 +328,7 @@ fn hold(client: &mut SpiClient<'_>, layer: &str, reason: &str) -> Result<(), Str
             &[layer.into(), why.as_str().into()],
         )
         .map(|_| ())
-        .map_err(text)
+        .map_err(RelayError::from)
 }
 
 /// Reads one layer's rows as the table's owner, in a restricted context, as PostgreSQL runs VACUUM

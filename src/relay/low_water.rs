@@ -11,12 +11,14 @@
 //! retry_parked() resets the mark at its commit.
 
 use pgrx::prelude::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::error::RelayError;
 use crate::relay_state::{RELAY, outbox_relid, this_database};
 
-/// How often worker 0 looks: each advance walks the entries between the old mark and the new once.
-const EVERY: Duration = Duration::from_millis(100);
+/// How often worker 0 looks (housekeeping.rs): each advance walks the entries between the old mark
+/// and the new once.
+pub const EVERY: Duration = Duration::from_millis(100);
 
 /// The settled id bound a later look may turn into a new mark.
 struct Candidate {
@@ -28,26 +30,16 @@ struct Candidate {
 #[derive(Default)]
 pub struct LowWater {
     candidate: Option<Candidate>,
-    last: Option<Instant>,
-    /// A look was skipped (too soon after the last one): one is owed.
-    owed: bool,
 }
 
 impl LowWater {
     /// One look, inside the caller's transaction. First, if the writers seen last time have all
     /// ended, it advances the mark. Then it takes a new candidate.
-    pub fn advance(&mut self) -> Result<(), String> {
-        if self.too_soon() {
-            self.owed = true;
-            return Ok(());
-        }
-        self.last = Some(Instant::now());
-        self.owed = false;
+    pub fn advance(&mut self) -> Result<(), RelayError> {
         let relid = outbox_relid();
         let last_id = Spi::get_one::<i64>(
             "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM feature_outbox.outbox_id_seq",
-        )
-        .map_err(|e| e.to_string())?
+        )?
         .unwrap_or(0);
         let database = this_database();
         let (mark, generation) = {
@@ -67,8 +59,7 @@ impl LowWater {
             let running = Spi::get_one_with_args::<bool>(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE virtualtransaction = ANY($1))",
                 &[c.writers.clone().into()],
-            )
-            .map_err(|e| e.to_string())?
+            )?
             .unwrap_or(true);
             if running {
                 self.candidate = Some(c);
@@ -78,8 +69,7 @@ impl LowWater {
                 "SELECT coalesce(min(id), $2 + 1) FROM feature_outbox.outbox
                   WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 AND id <= $2",
                 &[mark.into(), c.last_id.into()],
-            )
-            .map_err(|e| e.to_string())?
+            )?
             .unwrap_or(mark);
             if let Some(shared) = RELAY.exclusive().database_mut(database)
                 && shared.low_water_generation == c.generation
@@ -94,8 +84,7 @@ impl LowWater {
             "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_catalog.pg_locks
               WHERE locktype = 'relation' AND relation = 'feature_outbox.outbox'::regclass
                 AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()",
-        )
-        .map_err(|e| e.to_string())?
+        )?
         .unwrap_or_default();
         // Nothing beyond the mark: no candidate to wait for.
         let mark = RELAY.share().database(database).map_or(0, |d| d.low_water);
@@ -103,18 +92,8 @@ impl LowWater {
         Ok(())
     }
 
-    /// Notes that a look was skipped, as `advance` does when it is too soon.
-    pub fn owe(&mut self) {
-        self.owed = true;
-    }
-
-    /// Less than EVERY since the last look: `advance` would only note that a look is owed.
-    pub fn too_soon(&self) -> bool {
-        self.last.is_some_and(|t| t.elapsed() < EVERY)
-    }
-
-    /// A candidate waits for a later look, or a look was skipped: an idle worker should look again soon.
+    /// A candidate waits for a later look: an idle worker should look again soon.
     pub fn pending(&self) -> bool {
-        self.candidate.is_some() || self.owed
+        self.candidate.is_some()
     }
 }

@@ -1,0 +1,67 @@
+//! The relay's errors. Each carries what the worker needs to decide (back off, wait, retry after the
+//! poll interval) and, as Display, the text it records in the workers view and logs.
+
+use std::fmt;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RelayError {
+    /// A statement failed, or its result could not be read: the batch is rolled back, the worker
+    /// records the error and tries again after the poll interval.
+    Sql(String),
+    /// The sink cannot take events now (not configured, unreachable, refusing, overloaded): the worker
+    /// backs off, at least `retry_after` when the sink asked for it.
+    SinkDown { reason: String, retry_after: Option<Duration> },
+    /// The database's extension is at another version than this library: the worker waits for
+    /// ALTER EXTENSION UPDATE rather than run its SQL against an older schema.
+    SchemaBehind { schema: String, library: &'static str },
+}
+
+impl RelayError {
+    pub fn sink_down(reason: impl Into<String>) -> RelayError {
+        RelayError::SinkDown { reason: reason.into(), retry_after: None }
+    }
+}
+
+impl fmt::Display for RelayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RelayError::Sql(message) => f.write_str(message),
+            RelayError::SinkDown { reason, .. } => f.write_str(reason),
+            RelayError::SchemaBehind { schema, library } => write!(
+                f,
+                "the schema is at version {schema} and the library at {library}; waiting for ALTER EXTENSION feature_outbox UPDATE"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RelayError {}
+
+impl From<pgrx::spi::SpiError> for RelayError {
+    fn from(e: pgrx::spi::SpiError) -> Self {
+        RelayError::Sql(e.to_string())
+    }
+}
+
+impl From<crate::subxact::Failure> for RelayError {
+    fn from(f: crate::subxact::Failure) -> Self {
+        RelayError::Sql(f.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_reads_as_the_reason_the_worker_records() {
+        assert_eq!(RelayError::Sql("relation \"x\" does not exist".into()).to_string(), "relation \"x\" does not exist");
+        let down = RelayError::SinkDown { reason: "HTTP 503: busy".into(), retry_after: Some(Duration::from_secs(5)) };
+        assert_eq!(down.to_string(), "HTTP 503: busy");
+        assert_eq!(
+            RelayError::SchemaBehind { schema: "0.2.0".into(), library: "0.3.0" }.to_string(),
+            "the schema is at version 0.2.0 and the library at 0.3.0; waiting for ALTER EXTENSION feature_outbox UPDATE"
+        );
+    }
+}

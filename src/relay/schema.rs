@@ -1,0 +1,81 @@
+//! Whether this database holds the extension at the library's own version, looked at every wake-up.
+
+use pgrx::prelude::*;
+
+use super::error::RelayError;
+use super::slot::WorkerSlot;
+use super::transaction::{in_transaction_try, kept_one};
+use super::{LIBRARY_VERSION, exit_worker};
+use crate::relay_state::{Presence, RELAY, WorkerState, this_database};
+
+#[derive(Default)]
+pub struct SchemaCheck {
+    /// The reason the worker last logged for waiting, so each is logged once.
+    waiting_logged: Option<String>,
+}
+
+impl SchemaCheck {
+    /// True when this database holds the extension at the library's own version. Otherwise the
+    /// worker waits in a visible state, logged once per change of reason: the SQL it runs belongs
+    /// to this library's release, and an older schema (new files installed, ALTER EXTENSION UPDATE
+    /// not yet run) must not be claimed or marked by it. Every upgrade script ends by waking the
+    /// workers at commit, so they resume at once. Without the extension the worker leaves the
+    /// database.
+    pub fn ready(&mut self, me: &WorkerSlot) -> bool {
+        let (state, error) = match installed_version(me) {
+            Ok(v) if v == LIBRARY_VERSION => {
+                self.waiting_logged = None;
+                return true;
+            }
+            Ok(schema) => (WorkerState::WaitingForUpdate, RelayError::SchemaBehind { schema, library: LIBRARY_VERSION }),
+            Err(e) => (WorkerState::Idle, RelayError::Sql(format!("cannot read pg_extension: {e}"))),
+        };
+        // The reason is also recorded as the last error, where the backlog view shows it.
+        let reason = error.to_string();
+        if self.waiting_logged.as_deref() != Some(reason.as_str()) {
+            log!("{}: {reason}", me.tag);
+            me.record_error(&reason);
+            self.waiting_logged = Some(reason);
+        }
+        me.set_state(state);
+        false
+    }
+}
+
+/// The extension's version in this database. Leaves the database (ends the worker) when it holds
+/// no extension, or the launcher forgot it.
+fn installed_version(me: &WorkerSlot) -> Result<String, RelayError> {
+    let database = this_database();
+    loop {
+        let asked = RELAY.share().database(database).map_or(0, |d| d.looks_asked);
+        // One row always: get_one fails on none.
+        let installed = in_transaction_try(|| kept_one::<String>("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')"));
+        let mut shared = RELAY.exclusive();
+        let Some(d) = shared.database_mut(database) else {
+            return match installed? {
+                Some(v) => Ok(v),
+                None => exit_worker(), // no entry: the launcher forgot this database
+            };
+        };
+        match installed {
+            Ok(Some(v)) => {
+                d.presence = Presence::Present;
+                return Ok(v);
+            }
+            // A CREATE EXTENSION committed while this look ran: a new transaction sees it.
+            Ok(None) if d.looks_asked != asked => continue,
+            Ok(None) => {
+                // No extension here: leave, so that the database holds no worker. Its CREATE
+                // EXTENSION asks the launcher for a new look (utility_hook.rs). A first look that
+                // finds none is the common case under `*`, and not logged.
+                let was = std::mem::replace(&mut d.presence, Presence::Absent);
+                drop(shared);
+                if was != Presence::Probing {
+                    log!("{}: extension feature_outbox is not in this database (any more); leaving it", me.tag);
+                }
+                exit_worker();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

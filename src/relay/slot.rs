@@ -1,0 +1,62 @@
+//! This worker's slot in shared memory, where the monitoring views read its state and figures.
+
+use super::mark::Published;
+use crate::relay_state::{RELAY, Slot, WorkerState, now};
+
+pub fn update_slot(index: usize, f: impl FnOnce(&mut Slot)) {
+    f(&mut RELAY.exclusive().slots[index]);
+}
+
+/// Who this worker is: its slot, its index among its database's workers and their count.
+pub struct WorkerSlot {
+    pub slot: usize,
+    pub index: usize,
+    pub workers: usize,
+    /// "feature_outbox relay <index> in <database>", the start of each line it logs.
+    pub tag: String,
+}
+
+impl WorkerSlot {
+    pub fn new(slot: usize, index: usize, workers: usize, database: &str) -> WorkerSlot {
+        WorkerSlot { slot, index, workers: workers.max(1), tag: format!("feature_outbox relay {index} in \"{database}\"") }
+    }
+
+    pub fn set_state(&self, state: WorkerState) {
+        update_slot(self.slot, |s| s.state = state);
+    }
+
+    /// The error the workers view shows as the last one, and the backlog view as current.
+    pub fn record_error(&self, error: &str) {
+        let at = now();
+        update_slot(self.slot, |s| s.set_error(error, at));
+    }
+
+    /// A connect that failed: no row was tried, so the attempt counts instead.
+    pub fn count_failed_connect(&self) {
+        update_slot(self.slot, |s| s.failed_attempts += 1);
+    }
+
+    /// Adds a batch's figures, and clears the current error when the batch had none.
+    pub fn account(&self, p: &Published) {
+        let at = now();
+        update_slot(self.slot, |s| {
+            s.relayed_rows += p.delivered_by_type.iter().sum::<i64>();
+            for (total, n) in s.relayed_by_type.iter_mut().zip(p.delivered_by_type) {
+                *total += n;
+            }
+            s.duplicates += p.duplicates;
+            s.failed_attempts += p.failed;
+            if p.claimed > 0 {
+                s.last_active_at = at;
+            }
+            // A batch without errors: the sink works, so the backlog shows no current error.
+            // (A sink error is recorded by the worker as it backs off; a row error just below.)
+            if p.sink_error.is_none() {
+                s.error_active = false;
+            }
+        });
+        if let Some(e) = &p.row_error {
+            self.record_error(e);
+        }
+    }
+}
