@@ -195,7 +195,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION _backfill_chunk(layer text, area geometry, after text, chunk integer) RETURNS text[]
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_backfill_chunk';
 COMMENT ON FUNCTION _backfill_chunk(text, geometry, text, integer) IS
     'One chunk of backfill(); callable only by roles that may execute backfill.';
 

@@ -153,7 +153,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION _drift_chunk(layer text, phase integer, after text, chunk integer, found bigint) RETURNS text[]
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_drift_chunk';
 COMMENT ON FUNCTION _drift_chunk(text, integer, text, integer, bigint) IS
     'One chunk of drift(); callable only by roles that may execute drift.';
 
@@ -324,7 +324,7 @@ $$;
 CREATE OR REPLACE FUNCTION _resync_chunk(layer text, phase integer, after text, chunk integer, max_hold_ms integer, left_over bigint)
 RETURNS text[]
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_resync_chunk';
 COMMENT ON FUNCTION _resync_chunk(text, integer, text, integer, integer, bigint) IS
     'One chunk of resync(); callable only by roles that may execute resync.';
 

@@ -596,13 +596,14 @@ COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
     'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';
 
--- A user layer's forms, and record_edit: C entry points (src/edit/layers.rs) that record the
--- calling role, then run _edit (or _record_edit) as the extension's owner. The row is written with
+-- A user layer's forms, and record_edit: C entry points (src/edit/entry.rs, one symbol each, which
+-- states what it runs) that record the calling role, then run _edit (or _record_edit) as the
+-- extension's owner. The row is written with
 -- the caller's own rights; the outbox row, which no role may write directly, as the owner.
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_geojson';
 COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: GeoJSON (RFC 7946), '
     'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
@@ -611,7 +612,7 @@ COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_geometry';
 COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: any known SRID, stored '
     'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
@@ -619,32 +620,32 @@ COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
 
 CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_record_edit';
 
 -- The same forms for a layer keyed by uuid or text (0.3.0). A text key is converted to the id
 -- column's type (22P02 when it does not fit), so text serves every layer, integer ones included.
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id text, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_text_key_geojson';
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id text, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_text_key_geometry';
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id uuid, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_uuid_key_geojson';
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id uuid, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_uuid_key_geometry';
 CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id text, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_record_edit_text_key';
 CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id uuid, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_record_edit_uuid_key';
 COMMENT ON FUNCTION edit_feature(text, text, text, text, jsonb) IS
     'edit_feature(layer, ...) for a layer keyed by uuid or text: the key as the application stores it (any id type, as text).';
 COMMENT ON FUNCTION edit_feature(text, text, geometry, text, jsonb) IS

@@ -1,12 +1,12 @@
-//! The user-table side of layers, and the entry points that keep the rights apart.
+//! The user-table side of layers, and what keeps the rights apart.
 //!
-//! `edit_feature(layer, ...)`, `record_edit`, `register_layer` and `unregister_layer` are C entry
-//! points (`entry`). Each records the role calling it, exactly `current_user` there, then runs its
-//! SQL body (`_edit`, `_record_edit`, ...) as the extension's owner, which alone may write the
-//! outbox, the per-feature state and the registry. Whatever touches the user's table from that body
-//! goes through `_layer_write` or `_as_caller_row`, which switch back to the recorded caller for
-//! the statement: its privileges are checked, and its triggers, defaults, casts and CHECK
-//! expressions run, as that role, never as the owner.
+//! `edit_feature(layer, ...)`, `record_edit`, `register_layer` and the other C entry points
+//! (`entry.rs`) record the role calling them, then run their SQL body (`_edit`, `_record_edit`, ...)
+//! as the extension's owner, which alone may write the outbox, the per-feature state and the
+//! registry. Whatever touches the user's table from that body goes through `_layer_write_row` or
+//! `_as_caller_row`, which switch back to the recorded caller for the statement: its privileges are
+//! checked, and its triggers, defaults, casts and CHECK expressions run, as that role, never as the
+//! owner.
 
 use std::ffi::CStr;
 
@@ -16,7 +16,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 use crate::plans::prepared;
-use crate::roles::{self, As, Calling};
+use crate::roles::{self, As};
 use crate::subxact;
 
 /// A quoted identifier. Always quoted: correct for every name, keywords included.
@@ -34,101 +34,6 @@ fn report(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: O
     }
     r.report(PgLogLevel::ERROR);
     unreachable!("ERROR does not return")
-}
-
-// ---- entry points ------------------------------------------------------------------------------
-
-#[unsafe(no_mangle)]
-pub extern "C" fn pg_finfo_feature_outbox_entry() -> &'static pg_sys::Pg_finfo_record {
-    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-    &V1
-}
-
-/// The C body of edit_feature(layer, ...), record_edit, register_layer and unregister_layer (see
-/// sql/edit.sql): calls `feature_outbox._<name>` with the same arguments as the function's owner,
-/// with the calling role recorded for `_layer_write` and `_as_caller_row`. The GeoJSON form of
-/// edit_feature calls `_edit` with the parsed EWKB directly.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    unsafe {
-        let fn_oid = (*(*fcinfo).flinfo).fn_oid;
-        let (name, owner, returns) = name_and_owner(fn_oid);
-        let nargs = (*fcinfo).nargs as usize;
-        let types: Vec<pg_sys::Oid> = (0..nargs).map(|i| pgrx::fcinfo::pg_getarg_type(fcinfo, i)).collect();
-        let params = (1..=nargs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-        // A uuid or text key (the forms whose feature_id is not bigint) goes through _edit_key and
-        // _record_edit_key, which find the feature's number for it.
-        let keyed = matches!(types.get(1), Some(&pg_sys::TEXTOID) | Some(&pg_sys::UUIDOID));
-        let edit = if keyed { "_edit_key($1, $2::text" } else { "_edit($1, $2" };
-        let sql = match name.as_str() {
-            "edit_feature" if types.get(2) == Some(&pg_sys::TEXTOID) => {
-                format!("SELECT feature_outbox.{edit}, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)")
-            }
-            "edit_feature" => format!("SELECT feature_outbox.{edit}, $3, $4, NULL, $5, false)"),
-            "record_edit" if keyed => "SELECT feature_outbox._record_edit_key($1, $2::text, $3)".to_string(),
-            other => format!("SELECT feature_outbox._{other}({params})"),
-        };
-        let args: Vec<DatumWithOid> = (0..nargs)
-            .map(|i| {
-                if pgrx::fcinfo::pg_arg_is_null(fcinfo, i) {
-                    DatumWithOid::null_oid(types[i])
-                } else {
-                    DatumWithOid::new(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, i), types[i])
-                }
-            })
-            .collect();
-        let caller = roles::current();
-        let _calling = Calling::push(caller);
-        let _owner = As::enter(owner, caller.context, 0);
-        // The bodies return integer, bigint, bigint[], text[] or void. Each is read as a Rust value inside
-        // SPI and turned into a datum after it, in the caller's memory context.
-        let result: Option<Returned> = Spi::connect_mut(|client| {
-            let plan = prepared(client, &sql, &types, true);
-            let table = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("{e}"));
-            if table.is_empty() {
-                return None;
-            }
-            match returns {
-                pg_sys::INT8ARRAYOID => table.first().get::<Vec<Option<i64>>>(1).ok().flatten().map(Returned::Bigints),
-                pg_sys::TEXTARRAYOID => table.first().get::<Vec<Option<String>>>(1).ok().flatten().map(Returned::Texts),
-                pg_sys::INT8OID => table.first().get::<i64>(1).ok().flatten().map(Returned::Bigint),
-                _ => table.first().get::<i32>(1).ok().flatten().map(Returned::Integer),
-            }
-        });
-        match result.and_then(|r| match r {
-            Returned::Integer(v) => Some(pg_sys::Datum::from(v)),
-            Returned::Bigint(v) => v.into_datum(),
-            Returned::Bigints(array) => array.into_datum(),
-            Returned::Texts(array) => array.into_datum(),
-        }) {
-            Some(v) => v,
-            None => pgrx::fcinfo::pg_return_null(fcinfo),
-        }
-    }
-}
-
-/// What an entry point's SQL body returned.
-enum Returned {
-    Integer(i32),
-    Bigint(i64),
-    Bigints(Vec<Option<i64>>),
-    Texts(Vec<Option<String>>),
-}
-
-/// The SQL name of function `oid`, its owner (the extension's owner, who created it) and its return type.
-unsafe fn name_and_owner(oid: pg_sys::Oid) -> (String, pg_sys::Oid, pg_sys::Oid) {
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::PROCOID as i32, pg_sys::Datum::from(oid));
-        if tuple.is_null() {
-            error!("cache lookup failed for function {oid:?}");
-        }
-        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-        let name = CStr::from_ptr((*form).proname.data.as_ptr()).to_string_lossy().into_owned();
-        let (owner, returns) = ((*form).proowner, (*form).prorettype);
-        pg_sys::ReleaseSysCache(tuple);
-        (name, owner, returns)
-    }
 }
 
 /// The role that called the running edit function (`current_user` there). Errors outside one.

@@ -13,7 +13,7 @@ mod digest;
 pub mod inspect;
 pub mod layers;
 mod polar;
-
+pub mod entry;
 
 fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
     match r {
