@@ -19,7 +19,7 @@ BEGIN
     END IF;
     INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
     SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-           (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+           (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL)).bbox
       FROM _routing_point(shape) q
     ON CONFLICT (layer, feature_id) DO NOTHING;
 EXCEPTION WHEN data_exception THEN

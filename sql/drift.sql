@@ -271,7 +271,7 @@ BEGIN
                     -- Last event before 0.3.0: no digests to compare. The geometry is the one it
                     -- routed on when its bounding box still matches; take the digests then, else move.
                     IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
-                          FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(lgeom[k]::geometry, 4326)), true, 4326, NULL))[3:6])
+                          FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(lgeom[k]::geometry, 4326)), true, 4326, NULL)).bbox)
                                WITH ORDINALITY q(b, j)) THEN
                         UPDATE feature_state f SET geometry_digest = lgd[k], properties_digest = lpd[k],
                                                    version = lver[k], last_event = 'baseline'

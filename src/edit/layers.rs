@@ -233,7 +233,7 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool, registe
 }
 
 /// 0.2.0's declaration of the layer write (its install script names this symbol): as
-/// `_layer_write_row` without digests.
+/// `_layer_write_row` without digests, `{new version, row version}` as text.
 #[pg_extern(volatile, sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn _layer_write(
@@ -250,7 +250,8 @@ fn _layer_write(
     keys: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    write(layer, op, &columns, Key::Id(feature_id), geometry, properties, keys, None)
+    let w = write(layer, op, &columns, Key::Id(feature_id), geometry, properties, keys, None)?;
+    Some(vec![w.version.map(|v| v.to_string()), w.row_version])
 }
 
 /// Writes feature `key` of a user layer as the caller of the running edit function. `key`: the
@@ -262,11 +263,44 @@ fn _layer_write(
 /// to keep the current one. `properties` (jsonb as text) and `keys` (its keys): registered columns
 /// to set, converted as jsonb_populate_record converts them; a value that does not fit raises its
 /// class-22 error naming the property. `registered`: the layer's properties, whose digest is taken.
-/// Returns {new version, row version (tableoid:ctid:xmin), geometry digest, properties digest} of
-/// the row as written (as it was, for delete), or NULL when no live row matched (created: when the
-/// id exists). Errors: 42501 when the caller lacks the privilege, 42P01 when the table is gone, and
-/// whatever the table's constraints and triggers raise.
-#[pg_extern(volatile)]
+/// Returns a `layer_write` (sql/schema.sql) of the row as written (as it was, for delete):
+/// `version` (the new one), `row_version` (tableoid:ctid:xmin), `geometry_digest` (md5 of its
+/// EWKB) and `properties_digest`; NULL when no live row matched (created: when the id exists).
+/// Errors: 42501 when the caller lacks the privilege, 42P01 when the table is gone, 42804 when the
+/// version column is no longer integer, and whatever the table's constraints and triggers raise.
+#[pg_extern(volatile, name = "_layer_write_row")]
+#[allow(clippy::too_many_arguments)]
+fn _layer_write_row_composite(
+    layer: &str,
+    op: &str,
+    tbl: pg_sys::Oid,
+    id_column: &str,
+    geometry_column: &str,
+    version_column: &str,
+    retired_column: Option<&str>,
+    key: &str,
+    id_type: &str,
+    geometry: Option<AnyElement>,
+    properties: Option<&str>,
+    keys: Option<Vec<String>>,
+    registered: Option<Vec<String>>,
+) -> Option<pgrx::composite_type!('static, "layer_write")> {
+    let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
+    let w = write(layer, op, &columns, Key::parse(key, id_type), geometry, properties, keys, Some(registered.unwrap_or_default()))?;
+    Some(super::row_of(
+        c"layer_write",
+        [
+            (w.version.into_datum(), pg_sys::INT4OID),
+            (w.row_version.into_datum(), pg_sys::TEXTOID),
+            (w.geometry_digest.as_deref().map(digest_uuid).into_datum(), pg_sys::UUIDOID),
+            (w.properties_digest.as_deref().map(digest_uuid).into_datum(), pg_sys::UUIDOID),
+        ],
+    ))
+}
+
+/// 0.3.0's declaration of `_layer_write_row` (its script names this symbol): the same write,
+/// `{new version, row version, geometry digest, properties digest}` as text.
+#[pg_extern(volatile, sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn _layer_write_row(
     layer: &str,
@@ -284,13 +318,23 @@ fn _layer_write_row(
     registered: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    // An integer key binds as the bigint it is (no cast in the statement); a malformed one goes
-    // through the cast, which raises its error.
-    let key = match (id_type, key.parse::<i64>()) {
-        ("bigint", Ok(id)) => Key::Id(id),
-        _ => Key::Text(key.to_string(), id_type.to_string()),
-    };
-    write(layer, op, &columns, key, geometry, properties, keys, Some(registered.unwrap_or_default()))
+    let w = write(layer, op, &columns, Key::parse(key, id_type), geometry, properties, keys, Some(registered.unwrap_or_default()))?;
+    Some(vec![w.version.map(|v| v.to_string()), w.row_version, w.geometry_digest, w.properties_digest])
+}
+
+/// A digest as the write's statement returns it, md5 hex or uuid text (see `digests`), as the
+/// uuid it is.
+fn digest_uuid(text: &str) -> pgrx::Uuid {
+    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
+    let mut bytes = [0u8; 16];
+    let parsed = hex.len() == 32
+        && bytes.iter_mut().zip(hex.chunks(2)).all(|(b, pair)| {
+            std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok()).map(|v| *b = v).is_some()
+        });
+    if !parsed {
+        error!("a layer write returned \"{text}\" as a digest, not 16 bytes in hex");
+    }
+    pgrx::Uuid::from_bytes(bytes)
 }
 
 /// A feature's key as a write binds it: a bigint (integer keys), or text cast to the id column's type.
@@ -300,6 +344,15 @@ enum Key {
 }
 
 impl Key {
+    /// `key` as text for a column of `id_type`. An integer key binds as the bigint it is (no cast in
+    /// the statement); a malformed one goes through the cast, which raises its error.
+    fn parse(key: &str, id_type: &str) -> Key {
+        match (id_type, key.parse::<i64>()) {
+            ("bigint", Ok(id)) => Key::Id(id),
+            _ => Key::Text(key.to_string(), id_type.to_string()),
+        }
+    }
+
     /// `$1` as the statement uses it.
     fn param(&self) -> String {
         match self {
@@ -325,6 +378,14 @@ struct Columns<'a> {
     retired_column: Option<&'a str>,
 }
 
+/// A layer row as a write left it (see `statement`): the digests only when it took them.
+struct Written {
+    version: Option<i32>,
+    row_version: Option<String>,
+    geometry_digest: Option<String>,
+    properties_digest: Option<String>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn write(
     layer: &str,
@@ -335,7 +396,7 @@ fn write(
     properties: Option<&str>,
     keys: Option<Vec<String>>,
     registered: Option<Vec<String>>,
-) -> Option<Vec<Option<String>>> {
+) -> Option<Written> {
     let _caller = as_caller();
     let (name, partitioned) = table(layer, c.tbl);
     let keys = if op == "delete" { Vec::new() } else { keys.unwrap_or_default() };
@@ -376,10 +437,14 @@ fn write(
                 Some("Register the layer again once its version column is integer NOT NULL."),
             ),
         };
-        let n = row.columns().unwrap_or(2);
-        let mut out = vec![version.map(|v| v.to_string())];
-        out.extend((2..=n).map(|i| row.get::<String>(i).ok().flatten()));
-        Some(out)
+        let text = |i: usize| row.get::<String>(i).ok().flatten();
+        let digests = row.columns().unwrap_or(2) >= 4;
+        Some(Written {
+            version,
+            row_version: text(2),
+            geometry_digest: if digests { text(3) } else { None },
+            properties_digest: if digests { text(4) } else { None },
+        })
     })?;
     if target.partitioned && op != "delete" {
         let sql = format!("SELECT {ROW_VERSION} FROM {} t WHERE t.{} = {}", target.tbl, target.id, target.key);
@@ -388,9 +453,7 @@ fn write(
             let plan = prepared(client, &sql, &[key_oid], false);
             client.select(&*plan, Some(1), &[key_arg]).ok().and_then(|t| t.first().get::<String>(1).ok().flatten())
         });
-        let mut out = written;
-        out[1] = row_version;
-        return Some(out);
+        return Some(Written { row_version, ..written });
     }
     Some(written)
 }
