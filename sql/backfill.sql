@@ -19,7 +19,7 @@ BEGIN
     END IF;
     INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox)
     SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-           (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6]
+           (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL)).bbox
       FROM _routing_point(shape) q
     ON CONFLICT (layer, feature_id) DO NOTHING;
 EXCEPTION WHEN data_exception THEN
@@ -195,7 +195,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION _backfill_chunk(layer text, area geometry, after text, chunk integer) RETURNS text[]
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_backfill_chunk';
 COMMENT ON FUNCTION _backfill_chunk(text, geometry, text, integer) IS
     'One chunk of backfill(); callable only by roles that may execute backfill.';
 

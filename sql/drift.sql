@@ -153,7 +153,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION _drift_chunk(layer text, phase integer, after text, chunk integer, found bigint) RETURNS text[]
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_drift_chunk';
 COMMENT ON FUNCTION _drift_chunk(text, integer, text, integer, bigint) IS
     'One chunk of drift(); callable only by roles that may execute drift.';
 
@@ -271,7 +271,7 @@ BEGIN
                     -- Last event before 0.3.0: no digests to compare. The geometry is the one it
                     -- routed on when its bounding box still matches; take the digests then, else move.
                     IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
-                          FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(lgeom[k]::geometry, 4326)), true, 4326, NULL))[3:6])
+                          FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(lgeom[k]::geometry, 4326)), true, 4326, NULL)).bbox)
                                WITH ORDINALITY q(b, j)) THEN
                         UPDATE feature_state f SET geometry_digest = lgd[k], properties_digest = lpd[k],
                                                    version = lver[k], last_event = 'baseline'
@@ -324,7 +324,7 @@ $$;
 CREATE OR REPLACE FUNCTION _resync_chunk(layer text, phase integer, after text, chunk integer, max_hold_ms integer, left_over bigint)
 RETURNS text[]
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_resync_chunk';
 COMMENT ON FUNCTION _resync_chunk(text, integer, text, integer, integer, bigint) IS
     'One chunk of resync(); callable only by roles that may execute resync.';
 

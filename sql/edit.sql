@@ -35,7 +35,7 @@ DECLARE
     shape geometry := CASE WHEN (ST_IsValidDetail(g)).valid THEN g ELSE _made_valid(g) END;
     p geometry;
 BEGIN
-    IF (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[1] = 0 THEN
+    IF NOT (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL)).antimeridian THEN
         RETURN ST_PointOnSurface(shape);
     END IF;
     p := ST_PointOnSurface(ST_ShiftLongitude(shape));
@@ -114,7 +114,7 @@ DECLARE
     v_srid integer;
     crs text;             -- auth_name:auth_srid of a source SRID other than 4326
     g geometry;           -- the geometry, in EPSG:4326
-    facts float8[];       -- _inspect_geometry: {crosses antimeridian, pole, west, south, east, north, resolution}
+    facts geometry_facts; -- _inspect_geometry: antimeridian, polar, bbox, h3_resolution
     shape geometry;       -- what the routing point is taken from
     back geometry;
     tolerance float8;
@@ -126,9 +126,7 @@ DECLARE
     reshaped boolean := false;  -- g is not just p_geom transformed (repaired, or rebuilt as a polar cap)
     store geometry;       -- what a user layer's column gets, in its SRID
     store_crs text;       -- auth_name:auth_srid of the column's SRID, when the input is in another
-    w text[];             -- _layer_write_row: {new version, row version, geometry digest, properties digest}
-    gd uuid;              -- a user layer's row as written: its geometry digest, properties digest
-    pd uuid;
+    w layer_write;        -- _layer_write_row: the row as written (version, row_version, its digests)
     state_gd uuid;        -- the geometry digest the feature's last event recorded
     fresh boolean;        -- the event starts the feature's state (created, or record_edit without state)
     v_digest uuid;        -- the built-in layer's: digest of the geometry written
@@ -248,15 +246,15 @@ BEGIN
                           ST_AsText(ST_Envelope(p_geom)), ST_AsText(ST_Envelope(g)), ST_AsText(ST_Envelope(back))),
                     HINT = 'Check the coordinates and their SRID; are x and y swapped, or the units wrong?';
             END IF;
-            IF facts[2] <> 0 THEN
+            IF facts.polar <> 0 THEN
                 -- A ring winds round a pole: in its source CRS the polygon encloses it. Rebuild it as a
                 -- polar cap from a copy densified in that CRS, and route it on its source point on surface.
                 g := ST_GeomFromEWKB(_close_polar_caps(ST_AsBinary(ST_Transform(ST_Segmentize(p_geom,
                          greatest(ST_XMax(p_geom) - ST_XMin(p_geom), ST_YMax(p_geom) - ST_YMin(p_geom)) / 256), 4326))));
                 IF NOT (ST_IsValidDetail(g)).valid
-                   OR NOT ST_Covers(g, ST_SetSRID(ST_MakePoint(0, 90 * facts[2]), 4326)) THEN
+                   OR NOT ST_Covers(g, ST_SetSRID(ST_MakePoint(0, 90 * facts.polar), 4326)) THEN
                     RAISE EXCEPTION 'a polygon around the % Pole in SRID % cannot be stored as a valid EPSG:4326 polygon',
-                        CASE WHEN facts[2] < 0 THEN 'South' ELSE 'North' END, v_srid USING ERRCODE = '22023',
+                        CASE WHEN facts.polar < 0 THEN 'South' ELSE 'North' END, v_srid USING ERRCODE = '22023',
                         DETAIL = format('Rebuilt as a polar cap it is %s.', CASE WHEN (ST_IsValidDetail(g)).valid
                                  THEN 'valid but does not cover the pole' ELSE 'not valid: ' || ST_IsValidReason(g) END),
                         HINT = 'Split it into parts that do not enclose the pole, or transform it to EPSG:4326 yourself.';
@@ -285,16 +283,16 @@ BEGIN
                 ELSE
                     -- accept: store as given; route on a made-valid copy, crossing as that copy has it
                     shape := _made_valid(g);
-                    facts[1] := (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[1];
+                    facts.antimeridian := (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL)).antimeridian;
                 END CASE;
             END IF;
-            p := ST_PointOnSurface(CASE WHEN facts[1] = 1 THEN ST_ShiftLongitude(shape) ELSE shape END);
+            p := ST_PointOnSurface(CASE WHEN facts.antimeridian THEN ST_ShiftLongitude(shape) ELSE shape END);
         END IF;
         v_point := ARRAY[ST_X(p), ST_Y(p)];
         IF v_point[1] > 180 THEN  -- taken on the longitude-shifted shape
             v_point[1] := v_point[1] - 360;
         END IF;
-        v_res := facts[7];
+        v_res := facts.h3_resolution;
         new_key := _h3_cell(v_point[1], v_point[2], v_res);
     END IF;
 
@@ -321,7 +319,7 @@ BEGIN
             END IF;
             INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox,
                                             geometry_digest, properties_digest, version, last_event)
-            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts[3:6], v_digest, md5('()')::uuid, 1, 'created')
+            VALUES ('features', p_feature_id, new_key, v_res, v_point, facts.bbox, v_digest, md5('()')::uuid, 1, 'created')
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
@@ -340,7 +338,7 @@ BEGIN
                            routing_key = coalesce(new_key, s.routing_key),
                            h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                            routing_point = coalesce(v_point, s.routing_point),
-                           bbox = coalesce(facts[3:6], s.bbox),
+                           bbox = coalesce(facts.bbox, s.bbox),
                            -- features.geom is g exactly. The version follows the state's own, which
                            -- its row lock orders (a state row without one is filled in below first).
                            geometry_digest = CASE WHEN g IS NULL THEN s.geometry_digest ELSE md5(ST_AsEWKB(g))::uuid END,
@@ -389,14 +387,14 @@ BEGIN
                 -- the edit as above.
                 INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, version)
                 SELECT 'features', f.id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-                       (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL))[3:6], f.version
+                       (_inspect_geometry(ST_AsBinary(f.geom), true, 4326, NULL)).bbox, f.version
                   FROM features f, _routing_point(f.geom) q  -- the point comes wrapped to [-180, 180]
                  WHERE f.id = p_feature_id
                 ON CONFLICT (layer, feature_id) DO UPDATE SET version = EXCLUDED.version WHERE s.version IS NULL;
             END LOOP;
         END IF;
     ELSE
-        -- A user layer. Its row is written by _layer_write with the calling role's rights; the state
+        -- A user layer. Its row is written by _layer_write_row with the calling role's rights; the state
         -- and outbox rows here, as the owner. The row's lock orders concurrent edits of one feature.
         IF g IS NOT NULL AND (NOT p_record OR reshaped) THEN
             -- The column's SRID: the input as given when it is in it already, else transformed. PROJ
@@ -460,7 +458,7 @@ BEGIN
                         IF shape IS NOT NULL THEN
                             INSERT INTO feature_state (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, feature_key)
                             SELECT p_layer, p_feature_id, _h3_cell(ST_X(q), ST_Y(q), v_res), v_res, ARRAY[ST_X(q), ST_Y(q)],
-                                   (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL))[3:6], p_key
+                                   (_inspect_geometry(ST_AsBinary(shape), true, 4326, NULL)).bbox, p_key
                               FROM _routing_point(shape) q
                             ON CONFLICT (layer, feature_id) DO NOTHING;
                         END IF;
@@ -501,15 +499,13 @@ BEGIN
             RAISE EXCEPTION 'feature % does not exist in layer %', v_key, p_layer USING ERRCODE = 'P0002',
                 HINT = 'Send a created event first.';
         END IF;
-        new_version := w[1]::integer;
-        gd := w[3];
-        pd := w[4];
+        new_version := w.version;
         -- Routing follows the geometry: an updated event carries none, so the row must still hold
         -- the one its last event recorded. A plain UPDATE that moved it needs a moved event. (Read
         -- under the row's lock, which orders this feature's edits: the last committed one's state.)
         IF new_key IS NULL AND p_event_type = 'updated' THEN
             SELECT s.geometry_digest INTO state_gd FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id;
-            IF state_gd IS DISTINCT FROM gd AND state_gd IS NOT NULL THEN
+            IF state_gd IS DISTINCT FROM w.geometry_digest AND state_gd IS NOT NULL THEN
                 RAISE EXCEPTION 'the geometry of feature % of layer % changed since its last event', v_key, p_layer
                     USING ERRCODE = '22023',
                     DETAIL = 'It was written outside edit_feature and record_edit; an updated event would keep its old routing key.',
@@ -525,8 +521,8 @@ BEGIN
         IF fresh THEN
             INSERT INTO feature_state AS s (layer, feature_id, routing_key, h3_resolution, routing_point, bbox, row_version,
                                             geometry_digest, properties_digest, version, last_event, feature_key)
-            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts[3:6], w[2], gd, pd, new_version,
-                    p_event_type, p_key)
+            VALUES (p_layer, p_feature_id, new_key, v_res, v_point, facts.bbox, w.row_version, w.geometry_digest,
+                    w.properties_digest, new_version, p_event_type, p_key)
             ON CONFLICT (layer, feature_id) DO UPDATE  -- a row left by a feature deleted by hand
                SET routing_key = EXCLUDED.routing_key, h3_resolution = EXCLUDED.h3_resolution,
                    routing_point = EXCLUDED.routing_point, bbox = EXCLUDED.bbox, previous_routing_key = NULL,
@@ -536,7 +532,7 @@ BEGIN
                    last_event = EXCLUDED.last_event;
             INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest,
                                 feature_key)
-            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer, gd, pd, p_key);
+            VALUES (p_feature_id, new_version, p_event_type, new_key, p_layer, w.geometry_digest, w.properties_digest, p_key);
         ELSE
             WITH st AS (
                 UPDATE feature_state s
@@ -545,9 +541,9 @@ BEGIN
                        routing_key = coalesce(new_key, s.routing_key),
                        h3_resolution = CASE WHEN new_key IS NULL THEN s.h3_resolution ELSE v_res END,
                        routing_point = coalesce(v_point, s.routing_point),
-                       bbox = coalesce(facts[3:6], s.bbox),
-                       row_version = w[2],
-                       geometry_digest = gd, properties_digest = pd,
+                       bbox = coalesce(facts.bbox, s.bbox),
+                       row_version = w.row_version,
+                       geometry_digest = w.geometry_digest, properties_digest = w.properties_digest,
                        version = new_version, last_event = p_event_type
                  WHERE s.layer = p_layer AND s.feature_id = p_feature_id
                 RETURNING s.routing_key,
@@ -559,7 +555,7 @@ BEGIN
             INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox,
                                 geometry_digest, properties_digest, feature_key)
             SELECT p_feature_id, new_version, p_event_type, st.routing_key, st.previous_key, p_layer, st.previous_bbox,
-                   gd, pd, p_key FROM st;
+                   w.geometry_digest, w.properties_digest, p_key FROM st;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 0 THEN
                 RAISE EXCEPTION 'feature % of layer % has no routing state', v_key, p_layer USING ERRCODE = 'XX000';
@@ -596,13 +592,14 @@ COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
     'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';
 
--- A user layer's forms, and record_edit: C entry points (src/edit/layers.rs) that record the
--- calling role, then run _edit (or _record_edit) as the extension's owner. The row is written with
+-- A user layer's forms, and record_edit: C entry points (src/edit/entry.rs, one symbol each, which
+-- states what it runs) that record the calling role, then run _edit (or _record_edit) as the
+-- extension's owner. The row is written with
 -- the caller's own rights; the outbox row, which no role may write directly, as the owner.
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id bigint, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_geojson';
 COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: GeoJSON (RFC 7946), '
     'stored in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated '
@@ -611,7 +608,7 @@ COMMENT ON FUNCTION edit_feature(text, bigint, text, text, jsonb) IS
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id bigint, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_geometry';
 COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
     'Writes an edit of a layer''s row and its outbox row in the caller''s transaction. geometry: any known SRID, stored '
     'in the column''s SRID; NULL keeps the current one (updated, retired). event_type: created | moved | updated | '
@@ -619,32 +616,32 @@ COMMENT ON FUNCTION edit_feature(text, bigint, geometry, text, jsonb) IS
 
 CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id bigint, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_record_edit';
 
 -- The same forms for a layer keyed by uuid or text (0.3.0). A text key is converted to the id
 -- column's type (22P02 when it does not fit), so text serves every layer, integer ones included.
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id text, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_text_key_geojson';
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id text, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_text_key_geometry';
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id uuid, geometry text, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_uuid_key_geojson';
 CREATE OR REPLACE FUNCTION edit_feature(layer text, feature_id uuid, geometry geometry, event_type text,
                              properties jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_uuid_key_geometry';
 CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id text, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_record_edit_text_key';
 CREATE OR REPLACE FUNCTION record_edit(layer text, feature_id uuid, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_record_edit_uuid_key';
 COMMENT ON FUNCTION edit_feature(text, text, text, text, jsonb) IS
     'edit_feature(layer, ...) for a layer keyed by uuid or text: the key as the application stores it (any id type, as text).';
 COMMENT ON FUNCTION edit_feature(text, text, geometry, text, jsonb) IS

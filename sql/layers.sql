@@ -1,6 +1,6 @@
 -- Layers: the user's own PostGIS tables, served by the same outbox. register_layer records which
 -- columns hold the id, geometry, version and retired time, and which columns each event carries
--- as properties. register_layer and unregister_layer are C entry points (src/edit/layers.rs) that
+-- as properties. register_layer and unregister_layer are C entry points (src/edit/entry.rs) that
 -- record the calling role (_caller_role(): current_user where they were called) and run the bodies
 -- below as the extension's owner, who alone writes layer_registry.
 
@@ -50,7 +50,7 @@ CREATE OR REPLACE FUNCTION register_layer(layer text, tbl regclass, id_column na
                                geometry_column name DEFAULT 'geom', version_column name DEFAULT 'version',
                                properties name[] DEFAULT '{}', retired_column name DEFAULT NULL) RETURNS void
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_register_layer';
 
 CREATE OR REPLACE FUNCTION _register_layer(layer text, tbl regclass, id_column name, geometry_column name, version_column name,
                                 properties name[], retired_column name) RETURNS void
@@ -192,7 +192,7 @@ COMMENT ON FUNCTION register_layer(text, regclass, name, name, name, name[], nam
 
 CREATE OR REPLACE FUNCTION unregister_layer(layer text) RETURNS void
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_unregister_layer';
 
 CREATE OR REPLACE FUNCTION _unregister_layer(layer text) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -235,7 +235,7 @@ COMMENT ON FUNCTION unregister_layer(text) IS
 
 CREATE OR REPLACE FUNCTION release_layer(layer text, tbl regclass DEFAULT NULL) RETURNS bigint
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'feature_outbox_entry';
+AS 'MODULE_PATHNAME', 'feature_outbox_release_layer';
 
 -- A held layer (the relay found its table or a registered column gone) goes back to the relay once
 -- its table matches the registration again: the same table with the column renamed or added back,

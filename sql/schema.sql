@@ -152,3 +152,19 @@ INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_colu
 VALUES ('features', 'features', 'id', 'geom', 'version', 'retired_at', 4326, 'Geometry');
 -- CREATE EXTENSION writes the built-in row again at restore: dump the user's layers only.
 SELECT pg_catalog.pg_extension_config_dump('layer_registry', 'WHERE layer <> ''features''');
+
+-- What the Rust helpers of the edit path return, by name (0.4.0; before, positional arrays).
+-- _inspect_geometry: the one pass over an edit's geometry (src/edit/mod.rs).
+CREATE TYPE geometry_facts AS (
+    antimeridian  boolean,   -- an edge spans more than 180° of longitude: the shape crosses the antimeridian
+    polar         integer,   -- a ring winds around the South Pole (-1) or the North Pole (1); 0: neither
+    bbox          float8[],  -- {west, south, east, north} in EPSG:4326 degrees, as feature_state.bbox
+    h3_resolution integer    -- feature_outbox.h3_resolution when the pass ran
+);
+-- _layer_write_row: a user layer's row as an edit wrote it (src/edit/layers.rs).
+CREATE TYPE layer_write AS (
+    version           integer,  -- the row's new version (for a delete: the version it would have had)
+    row_version       text,     -- tableoid:ctid:xmin of the row as written
+    geometry_digest   uuid,     -- md5 of its geometry's EWKB
+    properties_digest uuid      -- _properties_digest of its registered properties
+);

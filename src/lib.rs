@@ -43,13 +43,13 @@ extension_sql_file!(
     requires = [
         "schema",
         edit::_geojson_to_ewkb,
-        edit::_inspect_geometry,
+        edit::_inspect_geometry_facts,
         edit::_close_polar_caps,
         edit::_h3_cell,
         edit::_check_storage_area,
         relay_state::_wake_relay_at_commit,
         relay_state::_wake_relay_for,
-        edit::layers::_layer_write_row,
+        edit::layers::_layer_write_row_composite,
         edit::layers::_written_by_this_transaction,
         edit::layers::_as_caller_row
     ]

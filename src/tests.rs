@@ -69,4 +69,23 @@ mod tests {
         let key: String = one("SELECT feature_outbox.routing_key(ST_SetSRID(ST_MakePoint(1, 1), 4326))").unwrap();
         assert!(key.starts_with("89"), "{key}");
     }
+
+    /// _inspect_geometry's named fields, for a shape across the antimeridian (bbox west > east, as
+    /// RFC 7946 §5.2) and for a ring around the North Pole given in a polar CRS.
+    #[pg_test]
+    fn geometry_facts_name_what_the_pass_found() {
+        let across: String = one(
+            "SELECT format('%s %s %s %s', f.antimeridian, f.polar, f.bbox, f.h3_resolution)
+               FROM feature_outbox._inspect_geometry(ST_AsBinary('POLYGON((178 51, -179 51, -179 52, 178 52, 178 51))'::geometry),
+                                                     true, 4326, NULL) f",
+        )
+        .unwrap();
+        assert_eq!(across, "t 0 {178,51,-179,52} 8");
+        let polar: i32 = one(
+            "SELECT (feature_outbox._inspect_geometry(ST_AsBinary(ST_Transform(ST_Buffer(ST_SetSRID(ST_MakePoint(0, 0), 3413), 1e6), 4326)),
+                                                      true, 3413, NULL)).polar",
+        )
+        .unwrap();
+        assert_eq!(polar, 1);
+    }
 }

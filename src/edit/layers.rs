@@ -1,12 +1,12 @@
-//! The user-table side of layers, and the entry points that keep the rights apart.
+//! The user-table side of layers, and what keeps the rights apart.
 //!
-//! `edit_feature(layer, ...)`, `record_edit`, `register_layer` and `unregister_layer` are C entry
-//! points (`entry`). Each records the role calling it, exactly `current_user` there, then runs its
-//! SQL body (`_edit`, `_record_edit`, ...) as the extension's owner, which alone may write the
-//! outbox, the per-feature state and the registry. Whatever touches the user's table from that body
-//! goes through `_layer_write` or `_as_caller_row`, which switch back to the recorded caller for
-//! the statement: its privileges are checked, and its triggers, defaults, casts and CHECK
-//! expressions run, as that role, never as the owner.
+//! `edit_feature(layer, ...)`, `record_edit`, `register_layer` and the other C entry points
+//! (`entry.rs`) record the role calling them, then run their SQL body (`_edit`, `_record_edit`, ...)
+//! as the extension's owner, which alone may write the outbox, the per-feature state and the
+//! registry. Whatever touches the user's table from that body goes through `_layer_write_row` or
+//! `_as_caller_row`, which switch back to the recorded caller for the statement: its privileges are
+//! checked, and its triggers, defaults, casts and CHECK expressions run, as that role, never as the
+//! owner.
 
 use std::ffi::CStr;
 
@@ -16,7 +16,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 use crate::plans::prepared;
-use crate::roles::{self, As, Calling};
+use crate::roles::{self, As};
 use crate::subxact;
 
 /// A quoted identifier. Always quoted: correct for every name, keywords included.
@@ -34,101 +34,6 @@ fn report(code: PgSqlErrorCode, message: String, detail: Option<String>, hint: O
     }
     r.report(PgLogLevel::ERROR);
     unreachable!("ERROR does not return")
-}
-
-// ---- entry points ------------------------------------------------------------------------------
-
-#[unsafe(no_mangle)]
-pub extern "C" fn pg_finfo_feature_outbox_entry() -> &'static pg_sys::Pg_finfo_record {
-    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-    &V1
-}
-
-/// The C body of edit_feature(layer, ...), record_edit, register_layer and unregister_layer (see
-/// sql/edit.sql): calls `feature_outbox._<name>` with the same arguments as the function's owner,
-/// with the calling role recorded for `_layer_write` and `_as_caller_row`. The GeoJSON form of
-/// edit_feature calls `_edit` with the parsed EWKB directly.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    unsafe {
-        let fn_oid = (*(*fcinfo).flinfo).fn_oid;
-        let (name, owner, returns) = name_and_owner(fn_oid);
-        let nargs = (*fcinfo).nargs as usize;
-        let types: Vec<pg_sys::Oid> = (0..nargs).map(|i| pgrx::fcinfo::pg_getarg_type(fcinfo, i)).collect();
-        let params = (1..=nargs).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-        // A uuid or text key (the forms whose feature_id is not bigint) goes through _edit_key and
-        // _record_edit_key, which find the feature's number for it.
-        let keyed = matches!(types.get(1), Some(&pg_sys::TEXTOID) | Some(&pg_sys::UUIDOID));
-        let edit = if keyed { "_edit_key($1, $2::text" } else { "_edit($1, $2" };
-        let sql = match name.as_str() {
-            "edit_feature" if types.get(2) == Some(&pg_sys::TEXTOID) => {
-                format!("SELECT feature_outbox.{edit}, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)")
-            }
-            "edit_feature" => format!("SELECT feature_outbox.{edit}, $3, $4, NULL, $5, false)"),
-            "record_edit" if keyed => "SELECT feature_outbox._record_edit_key($1, $2::text, $3)".to_string(),
-            other => format!("SELECT feature_outbox._{other}({params})"),
-        };
-        let args: Vec<DatumWithOid> = (0..nargs)
-            .map(|i| {
-                if pgrx::fcinfo::pg_arg_is_null(fcinfo, i) {
-                    DatumWithOid::null_oid(types[i])
-                } else {
-                    DatumWithOid::new(pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, i), types[i])
-                }
-            })
-            .collect();
-        let caller = roles::current();
-        let _calling = Calling::push(caller);
-        let _owner = As::enter(owner, caller.context, 0);
-        // The bodies return integer, bigint, bigint[], text[] or void. Each is read as a Rust value inside
-        // SPI and turned into a datum after it, in the caller's memory context.
-        let result: Option<Returned> = Spi::connect_mut(|client| {
-            let plan = prepared(client, &sql, &types, true);
-            let table = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("{e}"));
-            if table.is_empty() {
-                return None;
-            }
-            match returns {
-                pg_sys::INT8ARRAYOID => table.first().get::<Vec<Option<i64>>>(1).ok().flatten().map(Returned::Bigints),
-                pg_sys::TEXTARRAYOID => table.first().get::<Vec<Option<String>>>(1).ok().flatten().map(Returned::Texts),
-                pg_sys::INT8OID => table.first().get::<i64>(1).ok().flatten().map(Returned::Bigint),
-                _ => table.first().get::<i32>(1).ok().flatten().map(Returned::Integer),
-            }
-        });
-        match result.and_then(|r| match r {
-            Returned::Integer(v) => Some(pg_sys::Datum::from(v)),
-            Returned::Bigint(v) => v.into_datum(),
-            Returned::Bigints(array) => array.into_datum(),
-            Returned::Texts(array) => array.into_datum(),
-        }) {
-            Some(v) => v,
-            None => pgrx::fcinfo::pg_return_null(fcinfo),
-        }
-    }
-}
-
-/// What an entry point's SQL body returned.
-enum Returned {
-    Integer(i32),
-    Bigint(i64),
-    Bigints(Vec<Option<i64>>),
-    Texts(Vec<Option<String>>),
-}
-
-/// The SQL name of function `oid`, its owner (the extension's owner, who created it) and its return type.
-unsafe fn name_and_owner(oid: pg_sys::Oid) -> (String, pg_sys::Oid, pg_sys::Oid) {
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::PROCOID as i32, pg_sys::Datum::from(oid));
-        if tuple.is_null() {
-            error!("cache lookup failed for function {oid:?}");
-        }
-        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-        let name = CStr::from_ptr((*form).proname.data.as_ptr()).to_string_lossy().into_owned();
-        let (owner, returns) = ((*form).proowner, (*form).prorettype);
-        pg_sys::ReleaseSysCache(tuple);
-        (name, owner, returns)
-    }
 }
 
 /// The role that called the running edit function (`current_user` there). Errors outside one.
@@ -328,7 +233,7 @@ fn statement(t: &Target, op: &str, keys: &[String], with_geometry: bool, registe
 }
 
 /// 0.2.0's declaration of the layer write (its install script names this symbol): as
-/// `_layer_write_row` without digests.
+/// `_layer_write_row` without digests, `{new version, row version}` as text.
 #[pg_extern(volatile, sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn _layer_write(
@@ -345,7 +250,8 @@ fn _layer_write(
     keys: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    write(layer, op, &columns, Key::Id(feature_id), geometry, properties, keys, None)
+    let w = write(layer, op, &columns, Key::Id(feature_id), geometry, properties, keys, None)?;
+    Some(vec![w.version.map(|v| v.to_string()), w.row_version])
 }
 
 /// Writes feature `key` of a user layer as the caller of the running edit function. `key`: the
@@ -357,11 +263,44 @@ fn _layer_write(
 /// to keep the current one. `properties` (jsonb as text) and `keys` (its keys): registered columns
 /// to set, converted as jsonb_populate_record converts them; a value that does not fit raises its
 /// class-22 error naming the property. `registered`: the layer's properties, whose digest is taken.
-/// Returns {new version, row version (tableoid:ctid:xmin), geometry digest, properties digest} of
-/// the row as written (as it was, for delete), or NULL when no live row matched (created: when the
-/// id exists). Errors: 42501 when the caller lacks the privilege, 42P01 when the table is gone, and
-/// whatever the table's constraints and triggers raise.
-#[pg_extern(volatile)]
+/// Returns a `layer_write` (sql/schema.sql) of the row as written (as it was, for delete):
+/// `version` (the new one), `row_version` (tableoid:ctid:xmin), `geometry_digest` (md5 of its
+/// EWKB) and `properties_digest`; NULL when no live row matched (created: when the id exists).
+/// Errors: 42501 when the caller lacks the privilege, 42P01 when the table is gone, 42804 when the
+/// version column is no longer integer, and whatever the table's constraints and triggers raise.
+#[pg_extern(volatile, name = "_layer_write_row")]
+#[allow(clippy::too_many_arguments)]
+fn _layer_write_row_composite(
+    layer: &str,
+    op: &str,
+    tbl: pg_sys::Oid,
+    id_column: &str,
+    geometry_column: &str,
+    version_column: &str,
+    retired_column: Option<&str>,
+    key: &str,
+    id_type: &str,
+    geometry: Option<AnyElement>,
+    properties: Option<&str>,
+    keys: Option<Vec<String>>,
+    registered: Option<Vec<String>>,
+) -> Option<pgrx::composite_type!('static, "layer_write")> {
+    let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
+    let w = write(layer, op, &columns, Key::parse(key, id_type), geometry, properties, keys, Some(registered.unwrap_or_default()))?;
+    Some(super::row_of(
+        c"layer_write",
+        [
+            (w.version.into_datum(), pg_sys::INT4OID),
+            (w.row_version.into_datum(), pg_sys::TEXTOID),
+            (w.geometry_digest.as_deref().map(digest_uuid).into_datum(), pg_sys::UUIDOID),
+            (w.properties_digest.as_deref().map(digest_uuid).into_datum(), pg_sys::UUIDOID),
+        ],
+    ))
+}
+
+/// 0.3.0's declaration of `_layer_write_row` (its script names this symbol): the same write,
+/// `{new version, row version, geometry digest, properties digest}` as text.
+#[pg_extern(volatile, sql = false)]
 #[allow(clippy::too_many_arguments)]
 fn _layer_write_row(
     layer: &str,
@@ -379,13 +318,23 @@ fn _layer_write_row(
     registered: Option<Vec<String>>,
 ) -> Option<Vec<Option<String>>> {
     let columns = Columns { tbl, id_column, geometry_column, version_column, retired_column };
-    // An integer key binds as the bigint it is (no cast in the statement); a malformed one goes
-    // through the cast, which raises its error.
-    let key = match (id_type, key.parse::<i64>()) {
-        ("bigint", Ok(id)) => Key::Id(id),
-        _ => Key::Text(key.to_string(), id_type.to_string()),
-    };
-    write(layer, op, &columns, key, geometry, properties, keys, Some(registered.unwrap_or_default()))
+    let w = write(layer, op, &columns, Key::parse(key, id_type), geometry, properties, keys, Some(registered.unwrap_or_default()))?;
+    Some(vec![w.version.map(|v| v.to_string()), w.row_version, w.geometry_digest, w.properties_digest])
+}
+
+/// A digest as the write's statement returns it, md5 hex or uuid text (see `digests`), as the
+/// uuid it is.
+fn digest_uuid(text: &str) -> pgrx::Uuid {
+    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
+    let mut bytes = [0u8; 16];
+    let parsed = hex.len() == 32
+        && bytes.iter_mut().zip(hex.chunks(2)).all(|(b, pair)| {
+            std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok()).map(|v| *b = v).is_some()
+        });
+    if !parsed {
+        error!("a layer write returned \"{text}\" as a digest, not 16 bytes in hex");
+    }
+    pgrx::Uuid::from_bytes(bytes)
 }
 
 /// A feature's key as a write binds it: a bigint (integer keys), or text cast to the id column's type.
@@ -395,6 +344,15 @@ enum Key {
 }
 
 impl Key {
+    /// `key` as text for a column of `id_type`. An integer key binds as the bigint it is (no cast in
+    /// the statement); a malformed one goes through the cast, which raises its error.
+    fn parse(key: &str, id_type: &str) -> Key {
+        match (id_type, key.parse::<i64>()) {
+            ("bigint", Ok(id)) => Key::Id(id),
+            _ => Key::Text(key.to_string(), id_type.to_string()),
+        }
+    }
+
     /// `$1` as the statement uses it.
     fn param(&self) -> String {
         match self {
@@ -420,6 +378,14 @@ struct Columns<'a> {
     retired_column: Option<&'a str>,
 }
 
+/// A layer row as a write left it (see `statement`): the digests only when it took them.
+struct Written {
+    version: Option<i32>,
+    row_version: Option<String>,
+    geometry_digest: Option<String>,
+    properties_digest: Option<String>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn write(
     layer: &str,
@@ -430,7 +396,7 @@ fn write(
     properties: Option<&str>,
     keys: Option<Vec<String>>,
     registered: Option<Vec<String>>,
-) -> Option<Vec<Option<String>>> {
+) -> Option<Written> {
     let _caller = as_caller();
     let (name, partitioned) = table(layer, c.tbl);
     let keys = if op == "delete" { Vec::new() } else { keys.unwrap_or_default() };
@@ -471,10 +437,14 @@ fn write(
                 Some("Register the layer again once its version column is integer NOT NULL."),
             ),
         };
-        let n = row.columns().unwrap_or(2);
-        let mut out = vec![version.map(|v| v.to_string())];
-        out.extend((2..=n).map(|i| row.get::<String>(i).ok().flatten()));
-        Some(out)
+        let text = |i: usize| row.get::<String>(i).ok().flatten();
+        let digests = row.columns().unwrap_or(2) >= 4;
+        Some(Written {
+            version,
+            row_version: text(2),
+            geometry_digest: if digests { text(3) } else { None },
+            properties_digest: if digests { text(4) } else { None },
+        })
     })?;
     if target.partitioned && op != "delete" {
         let sql = format!("SELECT {ROW_VERSION} FROM {} t WHERE t.{} = {}", target.tbl, target.id, target.key);
@@ -483,9 +453,7 @@ fn write(
             let plan = prepared(client, &sql, &[key_oid], false);
             client.select(&*plan, Some(1), &[key_arg]).ok().and_then(|t| t.first().get::<String>(1).ok().flatten())
         });
-        let mut out = written;
-        out[1] = row_version;
-        return Some(out);
+        return Some(Written { row_version, ..written });
     }
     Some(written)
 }

@@ -2,8 +2,12 @@
 //! over the geometry (`inspect`), polar caps and the H3 cell. Each maps `InputError` to
 //! `ereport(ERROR)` with its class-22 SQLSTATE.
 
+use std::ffi::CStr;
+
+use pgrx::heap_tuple::PgHeapTuple;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
+use pgrx::{AllocatedByRust, PgTupleDesc};
 
 use crate::input_error::{Code, InputError};
 use crate::{geojson, routing, settings};
@@ -13,7 +17,7 @@ mod digest;
 pub mod inspect;
 pub mod layers;
 mod polar;
-
+pub mod entry;
 
 fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
     match r {
@@ -34,6 +38,37 @@ fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
     }
 }
 
+/// A row of composite type `name` of the extension's schema (sql/schema.sql), from its column
+/// values in order, each with the type its column must have. The type is found in the system
+/// caches and its descriptor used from the type cache, not copied: about a thousand instructions,
+/// where pgrx's `PgHeapTuple::new_composite_type` parses the name as SQL at every call. A type
+/// altered by hand so that a value no longer fits its column raises XX000 instead of storing it.
+pub(crate) fn row_of<const N: usize>(
+    name: &CStr,
+    values: [(Option<pg_sys::Datum>, pg_sys::Oid); N],
+) -> PgHeapTuple<'static, AllocatedByRust> {
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"feature_outbox".as_ptr(), false);
+        let typoid = pg_sys::GetSysCacheOid(
+            pg_sys::SysCacheIdentifier::TYPENAMENSP as i32,
+            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
+            pg_sys::Datum::from(name.as_ptr()),
+            pg_sys::Datum::from(schema),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        );
+        let name = name.to_string_lossy();
+        if typoid == pg_sys::InvalidOid {
+            error!("type feature_outbox.{name} does not exist");
+        }
+        let tupdesc = PgTupleDesc::from_pg(pg_sys::lookup_rowtype_tupdesc(typoid, -1));
+        if tupdesc.len() != N || tupdesc.iter().zip(&values).any(|(a, (_, t))| a.type_oid().value() != *t) {
+            error!("type feature_outbox.{name} does not have the columns this library writes; update the extension");
+        }
+        PgHeapTuple::from_datums(tupdesc, values.map(|(v, _)| v)).unwrap_or_else(|e| error!("{e}"))
+    }
+}
+
 /// GeoJSON geometry text (RFC 7946) to EWKB with its SRID (4326 unless a `crs` member says otherwise).
 /// Raises 22P02 for malformed GeoJSON and 22023 for altitudes, empty geometries or unknown CRS names.
 #[pg_extern(immutable, strict, parallel_safe)]
@@ -49,26 +84,57 @@ fn _geojson_to_ewkb(geojson: &str) -> Vec<u8> {
 /// area of use (PROJ's database, widened by `feature_outbox.area_of_use_margin` degrees) every
 /// coordinate must lie in; NULL skips the test.
 ///
-/// Returns `{crosses_antimeridian 0|1, pole -1 (south)|0|1 (north), west, south, east, north,
-/// h3_resolution}`, the last being `feature_outbox.h3_resolution` now (read here, where it costs nothing).
-/// Raises 22023, 22003 or 22P02 as `inspect` says, before anything is written.
-#[pg_extern(stable, parallel_safe)]
+/// Returns a `geometry_facts` (sql/schema.sql): `antimeridian` (an edge crosses it), `polar` (-1: a
+/// ring winds around the South Pole, 1: the North Pole, 0: neither), `bbox` ({west, south, east,
+/// north} in degrees, RFC 7946 §5.2) and `h3_resolution` (`feature_outbox.h3_resolution` now, read
+/// here, where it costs nothing). Raises 22023, 22003 or 22P02 as `inspect` says, before anything is
+/// written.
+#[pg_extern(stable, parallel_safe, name = "_inspect_geometry")]
+fn _inspect_geometry_facts(
+    wkb: &[u8],
+    lonlat: bool,
+    source_srid: i32,
+    crs: Option<&str>,
+) -> pgrx::composite_type!('static, "geometry_facts") {
+    let (facts, resolution) = inspect_edit(wkb, lonlat, source_srid, crs);
+    row_of(
+        c"geometry_facts",
+        [
+            (facts.crosses_antimeridian.into_datum(), pg_sys::BOOLOID),
+            (pole(&facts).into_datum(), pg_sys::INT4OID),
+            (facts.bbox.to_vec().into_datum(), pg_sys::FLOAT8ARRAYOID),
+            (resolution.into_datum(), pg_sys::INT4OID),
+        ],
+    )
+}
+
+/// 0.1.0 to 0.3.0's declaration of `_inspect_geometry` (their scripts name this symbol): the same
+/// facts as `{crosses_antimeridian 0|1, pole -1|0|1, west, south, east, north, h3_resolution}`.
+#[pg_extern(stable, parallel_safe, sql = false)]
 fn _inspect_geometry(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&str>) -> Vec<f64> {
+    let (facts, resolution) = inspect_edit(wkb, lonlat, source_srid, crs);
+    let [west, south, east, north] = facts.bbox;
+    let crosses = f64::from(u8::from(facts.crosses_antimeridian));
+    vec![crosses, f64::from(pole(&facts)), west, south, east, north, f64::from(resolution)]
+}
+
+fn inspect_edit(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&str>) -> (inspect::Facts, i32) {
     let area = crs.and_then(area_of_use::lookup);
     let rules = inspect::Rules {
         lonlat,
         area: area.as_ref().map(|a| (a, settings::AREA_OF_USE_MARGIN.get())),
         find_poles: lonlat && source_srid != 4326,
     };
-    let facts = ok_or_report(inspect::inspect(wkb, &rules), "edit_feature");
-    let pole = match facts.encircled_pole {
-        Some(inspect::Pole::South) => -1.0,
-        Some(inspect::Pole::North) => 1.0,
-        None => 0.0,
-    };
-    let [west, south, east, north] = facts.bbox;
-    let resolution = f64::from(settings::H3_RESOLUTION.get());
-    vec![f64::from(u8::from(facts.crosses_antimeridian)), pole, west, south, east, north, resolution]
+    (ok_or_report(inspect::inspect(wkb, &rules), "edit_feature"), settings::H3_RESOLUTION.get())
+}
+
+/// The encircled pole as `geometry_facts.polar` gives it: -1 South, 1 North, 0 none.
+fn pole(facts: &inspect::Facts) -> i32 {
+    match facts.encircled_pole {
+        Some(inspect::Pole::South) => -1,
+        Some(inspect::Pole::North) => 1,
+        None => 0,
+    }
 }
 
 /// The area-of-use test of `_inspect_geometry`, for the CRS a layer stores in: every coordinate of
