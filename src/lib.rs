@@ -83,6 +83,7 @@ extension_sql_file!(
     requires = ["edit", "layers", edit::layers::_as_caller_rows, edit::layers::_row_digests_sql]
 );
 extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
+extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]
