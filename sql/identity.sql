@@ -50,8 +50,8 @@ DECLARE
     here record;
     n integer;
     r database_identity;
-    resolve constant text := ' Run SELECT feature_outbox.resolve_copy(''moved'') if this database replaces the original '
-                             '(its events keep the original''s identity), or resolve_copy(''new'') if it is a new source.';
+    resolve constant text := ' It relays nothing until SELECT feature_outbox.resolve_copy(''moved'') (it replaces the original: same identity)'
+                             ' or resolve_copy(''new'') (a new source: new identity).';
 BEGIN
     SELECT * INTO here FROM _identity_here();
     state := 'copy';
@@ -66,16 +66,16 @@ BEGIN
          WHERE (i.system_identifier, i.database_oid) <> (here.system_identifier, here.database_oid)
          ORDER BY i.recorded_at LIMIT 1;
         reason :=
-            format('database %s holds the outbox of database %s (system %s, oid %s): a restored copy.',
+            format('database %s is a restored copy of database %s (system %s, oid %s).',
                    here.database_name, r.database_name, r.system_identifier, r.database_oid) || resolve;
         RETURN;
     END IF;
     SELECT * INTO r FROM database_identity;
     IF r.database_oid <> here.database_oid THEN
         reason :=
-            format('database %s is a copy of database %s (%s): its outbox was recorded for oid %s, this is %s.',
+            format('database %s is a copy of database %s (%s; recorded for oid %s, this is %s).',
                    here.database_name, r.database_name,
-                   CASE WHEN r.system_identifier = here.system_identifier THEN 'CREATE DATABASE ... TEMPLATE, on this server'
+                   CASE WHEN r.system_identifier = here.system_identifier THEN 'CREATE DATABASE ... TEMPLATE'
                         ELSE 'from another server' END,
                    r.database_oid, here.database_oid) || resolve;
         RETURN;
@@ -83,8 +83,8 @@ BEGIN
     IF r.system_identifier = here.system_identifier AND r.data_directory <> here.data_directory
        AND here.timeline <= r.timeline THEN
         reason :=
-            format('database %s runs from data directory %s, but its outbox was recorded in %s on the same timeline: '
-                   'a file-level copy started as a new primary.', here.database_name, here.data_directory, r.data_directory) || resolve;
+            format('database %s runs in data directory %s but was recorded in %s on the same timeline: a file-level copy.',
+                   here.database_name, here.data_directory, r.data_directory) || resolve;
         RETURN;
     END IF;
     -- The same database: in place, promoted from a standby, pg_upgraded, or renamed.
@@ -103,7 +103,8 @@ $$;
 -- The operator's answer for a held copy: 'moved' (this database replaces the original: its events
 -- keep the original's identity, and the original must not relay again) or 'new' (a new source: a
 -- new identity). `keep` picks the original's identity when a copy of a copy holds several. Raises
--- 22023 for another answer, 55000 when the database is not held as a copy.
+-- 22023 for another answer or a `keep` not recorded, 55000 when the database is not held as a copy
+-- or 'moved' finds no single original identity (none recorded, or several and no `keep`).
 CREATE OR REPLACE FUNCTION resolve_copy(decision text, keep uuid DEFAULT NULL) RETURNS uuid
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
@@ -120,6 +121,11 @@ BEGIN
     IF (SELECT c.state FROM _identity_check() c) <> 'copy' THEN
         RAISE EXCEPTION 'database % is not held as a copy of another database', here.database_name
             USING ERRCODE = '55000';
+    END IF;
+    IF keep IS NOT NULL AND NOT EXISTS (SELECT 1 FROM database_identity i WHERE i.identity = keep) THEN
+        RAISE EXCEPTION 'identity % is not recorded in database %', keep, here.database_name
+            USING ERRCODE = '22023',
+                  HINT = 'Pick one from SELECT * FROM feature_outbox.database_identity.';
     END IF;
     IF decision = 'moved' THEN
         SELECT i.identity INTO kept FROM database_identity i

@@ -3,3 +3,9 @@
 -- then sql/finalize.sql. What belongs here: table and column changes, data fixes, drops of whatever
 -- a re-run body cannot replace (a changed signature or return type, a view's changed columns, and
 -- what depends on them), and column defaults put back after such a drop. Never a function body.
+
+-- Sink health (issue 38): _relay_workers() returns three more columns (sink_up, sink_errors,
+-- sink_last_success_at), which CREATE OR REPLACE cannot do; the workers view reads it. Both are
+-- created again further down, with their grants.
+DROP VIEW workers;
+DROP FUNCTION _relay_workers();
