@@ -11,6 +11,8 @@ relay workers in the server log.
 
 The tests of this module run in order against one cluster."""
 
+import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -20,7 +22,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import PG_BIN, RUN_DIR, Cluster, free_port
+from conftest import PG_BIN, ROOT, RUN_DIR, Cluster, free_port
 from relay_harness import WAIT_SCALE, NatsServer, nats_fixture, wait_for
 
 POLL = 0.2  # feature_outbox.poll_interval below, in seconds
@@ -81,19 +83,12 @@ def by_event_id(server) -> dict:
     return {m["event"]["event_id"]: m for m in server.messages()}
 
 
-def consumer_view(messages) -> dict:
-    """What the book's consumer keeps: per (database_id, layer, registration_id, feature_id) the event
-    of the highest event_version, each event_id once (docs/src/events.md, "The consumer's key")."""
-    seen, latest = set(), {}
-    for m in messages:
-        e = m["event"]
-        if e["event_id"] in seen:
-            continue
-        seen.add(e["event_id"])
-        key = (e["database_id"], e["layer"], e["registration_id"], e["feature_id"])
-        if key not in latest or e["event_version"] > latest[key]["event_version"]:
-            latest[key] = e
-    return latest
+def book_consumer():
+    """examples/python_consumer.py, the book's consumer (docs/src/events.md includes it)."""
+    spec = importlib.util.spec_from_file_location("python_consumer", ROOT / "examples" / "python_consumer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def check_event(c: Cluster, db: str, m: dict) -> None:
@@ -168,9 +163,13 @@ def test_a_restored_copy_waits_until_resolved_and_then_speaks_as_a_new_source(c,
     g, r = msgs[gis_edit]["event"], msgs[copy_edit]["event"]
     assert (g["layer"], g["registration_id"], g["feature_id"], g["event_version"]) == \
            (r["layer"], r["registration_id"], r["feature_id"], r["event_version"]) == ("parcels", g["registration_id"], "1", 2)
-    kept = consumer_view(nats_server.messages())
+    # The book's consumer (durable, dedupe by event_id, highest version per the documented key)
+    # keeps gis's version 2 and the copy's apart; keyed without database_id it would keep one.
+    consumer = book_consumer()
+    kept = asyncio.run(consumer.consume(nats_server.url, durable="identity-test", idle=1.0))
     assert kept[(gis_id, "parcels", g["registration_id"], "1")]["event_id"] == gis_edit
     assert kept[(new_id, "parcels", g["registration_id"], "1")]["event_id"] == copy_edit
+    assert len({k[1:] for k in kept if k[1:] == ("parcels", g["registration_id"], "1")}) == 1
     # CloudEvents source names the identity.
     with c.connect() as conn:
         conn.execute("ALTER DATABASE gis_restored SET feature_outbox.envelope = 'cloudevents'")

@@ -140,7 +140,9 @@ SELECT l.layer,
        reg.drift_checked_at,
        -- A held layer's rows wait for release_layer(): why, and since when.
        reg.held_since,
-       reg.held_reason
+       reg.held_reason,
+       -- The whole database held as a copy of another (the backlog view's column).
+       b.relay_held_reason
   FROM (SELECT r.layer FROM layer_registry r
         UNION
         SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
