@@ -246,7 +246,7 @@ def test_a_promoted_standby_relays_on_with_the_same_identity(nats_server):
         owner = ["-o", "postgres", "-g", "postgres"] if os.getuid() == 0 else []
         subprocess.run(["install", "-d", *owner, "-m", "0700", standby], check=True)
         subprocess.run(as_postgres(PG_BIN / "pg_basebackup", "-h", "127.0.0.1", "-p", primary.port, "-U", "postgres",
-                                   "-D", standby / "data", "-R", "-X", "stream", "--no-sync"), check=True)
+                                   "-D", standby / "data", "-R", "-X", "stream", "-c", "fast", "--no-sync"), check=True)
         with open(standby / "data" / "postgresql.auto.conf", "a") as f:
             f.write(f"port = {port}\nunix_socket_directories = '{standby}'\n")
         subprocess.run(as_postgres(PG_BIN / "pg_ctl", "-D", standby / "data", "-l", standby / "server.log", "-w", "start"),
