@@ -225,16 +225,22 @@ def test_rename_and_template_succeed_and_the_databases_are_served_again(c, watch
     m = wait_for(lambda: delivered(watcher, eid), 2, "a2's edit")
     assert m["headers"][HEADER] == "a2" and m["subject"].startswith("a.")
     assert "a" not in databases(c)
-    # d is a copy of c: served under '*' once its settings say where its events go.
+    # d is a copy of c: held until resolve_copy says what it is (issue 38), then served under '*'
+    # once its settings say where its events go.
     keep_apart(c, "d")
+    wait_for(lambda: databases(c).get("d", {}).get("state") == "held: copy of another database", 5, "d to be held")
+    assert "resolve_copy" in databases(c)["d"]["last_error"]
+    with c.connect("d") as conn:
+        d_id = conn.execute("SELECT feature_outbox.resolve_copy('new')::text").fetchone()[0]
     wait_for(lambda: databases(c).get("d", {}).get("state") == "relaying", 5, "d to be served")
     time.sleep(2)  # the settings restart d's worker within 2 s of the commit
     eid = edit(c, "d", 43)
     m = wait_for(lambda: delivered(watcher, eid), 2, "d's edit")
     assert m["headers"][HEADER] == "d" and m["subject"].startswith("d.") and m["event"]["feature_id"] == "43"
+    assert m["event"]["database_id"] == d_id
     eid = edit(c, "c", 44)
     m = wait_for(lambda: delivered(watcher, eid), 2, "c's edit")
-    assert m["headers"][HEADER] == "c" and m["subject"].startswith("c.")
+    assert m["headers"][HEADER] == "c" and m["subject"].startswith("c.") and m["event"]["database_id"] != d_id
 
 
 def test_a_per_database_setting_takes_effect_within_2_s(c, watcher):

@@ -65,8 +65,9 @@ def rows_since(c, first_id: int) -> dict:
     with c.connect(DB) as conn:
         conn.row_factory = psycopg.rows.dict_row
         return {str(r["event_id"]): r for r in conn.execute(
-            """SELECT o.*, coalesce(o.feature_key, o.feature_id::text) AS key FROM feature_outbox.outbox o
-                WHERE o.id > %s ORDER BY o.id""", (first_id,))}
+            """SELECT o.*, coalesce(o.feature_key, o.feature_id::text) AS key,
+                      (SELECT i.identity::text FROM feature_outbox.database_identity i) AS database_id
+                 FROM feature_outbox.outbox o WHERE o.id > %s ORDER BY o.id""", (first_id,))}
 
 
 def last_id(c) -> int:
@@ -80,7 +81,8 @@ def check_cloudevent(event, body: bytes, row: dict, departed: bool) -> None:
     attrs = event.get_attributes()
     assert attrs["specversion"] == "1.0"
     assert attrs["id"] == str(row["event_id"]) + (":departed" if departed else "")
-    assert attrs["source"] == f"/{DB}/{row['layer']}"
+    # The database's identity, not its name (a rename keeps the source).
+    assert attrs["source"] == f"/{row['database_id']}/{row['layer']}"
     assert attrs["type"] == f"features.{kind}"
     assert attrs["subject"] == row["key"]
     assert attrs["time"] == row["created_at"]

@@ -31,7 +31,7 @@ SETTINGS = (
     "feature_outbox.publish_timeout = '2s'",
     "feature_outbox.max_attempts = 3",
 )
-EVENT_FIELDS = {"schema_version", "event_id", "layer", "registration_id", "properties", "action", "feature_id", "event_version", "geometry_version",
+EVENT_FIELDS = {"schema_version", "event_id", "database", "database_id", "layer", "registration_id", "properties", "action", "feature_id", "event_version", "geometry_version",
                 "routing_key", "previous_routing_key", "crs", "geometry", "bbox", "previous_bbox", "occurred_at", "relayed_at"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -135,9 +135,13 @@ def test_nats_every_edit_once_with_format_and_headers(relay, nats_server):
     rows = {str(r["event_id"]): r for r in outbox(relay, ids)}
     msgs = [m for m in nats_server.messages() if m["event"]["event_id"] in rows]
     assert Counter(m["event"]["event_id"] for m in msgs) == Counter({e: 1 for e in rows})
+    with relay.connect(DB) as conn:
+        database_id = conn.execute("SELECT identity::text FROM feature_outbox.database_identity").fetchone()[0]
     for m in msgs:
         e, row = m["event"], rows[m["event"]["event_id"]]
         assert set(e) == EVENT_FIELDS
+        assert (e["database"], e["database_id"]) == (DB, database_id)
+        assert m["headers"]["Feature-Outbox-Database-Id"] == database_id
         assert m["subject"] == subject("features", row["event_type"], row["routing_key"])
         assert e["layer"] == "features" and e["properties"] == {}
         assert m["headers"]["Nats-Msg-Id"] == e["event_id"]

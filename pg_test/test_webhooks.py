@@ -40,7 +40,8 @@ def outbox(c, first, n) -> dict:
     with c.connect(DB) as conn:
         conn.row_factory = psycopg.rows.dict_row
         return {str(r["event_id"]): r for r in conn.execute(
-            "SELECT * FROM feature_outbox.outbox WHERE feature_id BETWEEN %s AND %s ORDER BY id", (first, first + n - 1))}
+            "SELECT o.*, (SELECT i.identity::text FROM feature_outbox.database_identity i) AS database_id"
+            "  FROM feature_outbox.outbox o WHERE feature_id BETWEEN %s AND %s ORDER BY id", (first, first + n - 1))}
 
 
 def settle(c, first, n):
@@ -61,6 +62,7 @@ def check_event(event: dict, row: dict) -> None:
     assert (event["event_id"], event["action"], event["feature_id"], event["event_version"]) == (
         str(row["event_id"]), row["event_type"], str(i), row["feature_version"])
     assert event["routing_key"] == row["routing_key"]
+    assert (event["database"], event["database_id"]) == (DB, row["database_id"])
     assert event["geometry"] == {"type": "Point", "coordinates": [(i % 340) - 170, (i % 160) - 80]}
 
 
@@ -208,7 +210,7 @@ def test_cloudevents_batches_are_the_json_batch_format(relay, receiver):
                 attrs = event.get_attributes()
                 row = rows[attrs["id"]]
                 assert (attrs["specversion"], attrs["source"], attrs["type"], attrs["subject"], attrs["time"], attrs["datacontenttype"],
-                        attrs["dataschema"]) == ("1.0", f"/{DB}/features", f"features.{row['event_type']}", str(row["feature_id"]),
+                        attrs["dataschema"]) == ("1.0", f"/{row['database_id']}/features", f"features.{row['event_type']}", str(row["feature_id"]),
                                                  row["created_at"], "application/json", "urn:feature-outbox:event-schema:3")
                 check_event(event.get_data(), row)
                 seen.append(attrs["id"])

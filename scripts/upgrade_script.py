@@ -8,7 +8,7 @@ In order (TimescaleDB builds its update scripts the same way):
   2. every block of B's install script in the order pgrx put them, less the bootstrap (the tables,
      which step 1 changes instead): pgrx's declarations of the Rust functions as CREATE OR REPLACE,
      then each body file, which is written to run again (CREATE OR REPLACE; an event trigger is
-     dropped if it exists and created again), then finalize.sql (grants, search_path pins, wake-up).
+     dropped if it exists and created again; a table of its own is CREATE TABLE IF NOT EXISTS), then finalize.sql (grants, search_path pins, wake-up).
 
 A body block with a statement that cannot run twice is refused here, so the mistake shows at build
 time and not as a failed ALTER EXTENSION UPDATE.
@@ -24,7 +24,10 @@ BEGIN, END = "/* <begin connected objects> */", "/* </end connected objects> */"
 # pgrx writes `CREATE  FUNCTION` (two spaces) for a #[pg_extern].
 PGRX_CREATE = re.compile(r"^CREATE\s+FUNCTION\b", re.M)
 # At column 0 in a body file: a statement. Indented text is inside a function body.
-ONCE_ONLY = re.compile(r"^CREATE\s+(?!OR\s+REPLACE\b)(?!EVENT\s+TRIGGER\b)(\w+(?:\s+\w+)?)", re.M)
+# `CREATE TABLE IF NOT EXISTS` is how a body file adds a table of its own (a re-run skips it); a
+# later change to that table is the migration's.
+ONCE_ONLY = re.compile(r"^CREATE\s+(?!OR\s+REPLACE\b)(?!EVENT\s+TRIGGER\b)(?!(?:TABLE|INDEX|SEQUENCE)\s+IF\s+NOT\s+EXISTS\b)"
+                       r"(\w+(?:\s+\w+)?)", re.M)
 EVENT_TRIGGER = re.compile(r"^CREATE\s+EVENT\s+TRIGGER\s+(\w+)", re.M)
 
 

@@ -46,8 +46,12 @@ REVOKE ALL ON FUNCTION unregister_layer(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION release_layer(text, regclass) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _release_layer(text, regclass) FROM PUBLIC;
 REVOKE ALL ON FUNCTION metrics() FROM PUBLIC;
+-- Whether a copy speaks as the original is the operator's decision (sql/identity.sql).
+REVOKE ALL ON FUNCTION resolve_copy(text, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _identity_check() FROM PUBLIC;
+REVOKE ALL ON FUNCTION _identity_here() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION metrics() TO pg_monitor;
-REVOKE ALL ON TABLE features, outbox, feature_state, feature_keys, layer_registry FROM PUBLIC;
+REVOKE ALL ON TABLE features, outbox, feature_state, feature_keys, layer_registry, database_identity FROM PUBLIC;
 -- Anyone may list the layers; register_layer checks that the caller owns the table.
 GRANT SELECT ON layers TO PUBLIC;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;

@@ -18,7 +18,10 @@ SELECT u.unpublished_rows,
        CASE WHEN u.oldest_parked_at IS NOT NULL THEN greatest(now() - u.oldest_parked_at, interval '0') END
            AS oldest_parked_age,
        h.pid AS vacuum_held_by_pid,
-       h.held_for AS vacuum_held_for
+       h.held_for AS vacuum_held_for,
+       -- Not NULL while this database is held as a copy of another (sql/identity.sql): its rows
+       -- wait for resolve_copy(), which the text names. They are held, not failing.
+       _relay_held() AS relay_held_reason
   FROM (SELECT count(*) AS unpublished_rows,
                -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
                min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
@@ -50,7 +53,8 @@ SELECT u.unpublished_rows,
 COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, failing and parked rows, relay health.';
 
 CREATE OR REPLACE VIEW workers AS
-SELECT worker, pid, state, relayed_rows, duplicate_acks, failed_attempts, last_active_at, last_error, last_error_at
+SELECT worker, pid, state, relayed_rows, duplicate_acks, failed_attempts, last_active_at, last_error, last_error_at,
+       sink_up, sink_errors, sink_last_success_at
   FROM _relay_workers();
 COMMENT ON VIEW workers IS 'One row per relay background worker serving this database; counters since server start.';
 
@@ -84,13 +88,29 @@ AS $$
                  (6, 'outbox_oldest_parked_age_seconds', 'Age of the oldest parked outbox row; 0 when none.',
                   coalesce(extract(epoch FROM b.oldest_parked_age), 0)),
                  (7, 'outbox_vacuum_held_for_seconds', 'Age of the transaction that holds back VACUUM of the outbox the longest.',
-                  coalesce(extract(epoch FROM b.vacuum_held_for), 0))) AS g(ord, name, help, value))
+                  coalesce(extract(epoch FROM b.vacuum_held_for), 0)),
+                 (8, 'outbox_relay_held', '1 while this database is held as a copy of another: its rows wait for resolve_copy().',
+                  (b.relay_held_reason IS NOT NULL)::integer)) AS g(ord, name, help, value)),
+        -- Sink health per relay worker (0.4.0): "NATS down, no edits" shows within one poll interval.
+        '# HELP outbox_sink_up 1 when the worker''s sink is connected and working as last seen (each poll interval when idle; for HTTP the last request).',
+        '# TYPE outbox_sink_up gauge',
+        (SELECT string_agg(format('outbox_sink_up{%s,worker="%s"} %s', l.db, w.worker, w.sink_up::integer), E'\n' ORDER BY w.worker)
+           FROM _relay_workers() w),
+        '# HELP outbox_sink_errors_total Sink-level failures (failed connects, outages) of the worker since server start.',
+        '# TYPE outbox_sink_errors_total counter',
+        (SELECT string_agg(format('outbox_sink_errors_total{%s,worker="%s"} %s', l.db, w.worker, w.sink_errors), E'\n' ORDER BY w.worker)
+           FROM _relay_workers() w),
+        '# HELP outbox_sink_last_success_timestamp_seconds Unix time the worker''s sink last worked (connect, acknowledged batch, idle check); 0 if never.',
+        '# TYPE outbox_sink_last_success_timestamp_seconds gauge',
+        (SELECT string_agg(format('outbox_sink_last_success_timestamp_seconds{%s,worker="%s"} %s', l.db, w.worker,
+                                  coalesce(round(extract(epoch FROM w.sink_last_success_at), 3), 0)), E'\n' ORDER BY w.worker)
+           FROM _relay_workers() w)
     ) || E'\n'
       FROM backlog b, _relay_status() s,
            LATERAL (SELECT format('database="%s"',
                                   replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
-COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages.';
+COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, and per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds.';
 
 -- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
 -- for monitoring. Nothing in them is secret (errors never carry credentials).
@@ -120,7 +140,9 @@ SELECT l.layer,
        reg.drift_checked_at,
        -- A held layer's rows wait for release_layer(): why, and since when.
        reg.held_since,
-       reg.held_reason
+       reg.held_reason,
+       -- The whole database held as a copy of another (the backlog view's column).
+       b.relay_held_reason
   FROM (SELECT r.layer FROM layer_registry r
         UNION
         SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()

@@ -4,7 +4,7 @@
 
 use percent_encoding::{AsciiSet, CONTROLS, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use crate::event::{Row, SCHEMA_VERSION};
+use crate::event::{Row, SCHEMA_VERSION, Source};
 use crate::settings::Envelope;
 
 /// What a header value must percent-encode (both bindings, 3.1.3.2): space, double quote, percent,
@@ -39,15 +39,17 @@ pub fn dataschema() -> String {
     format!("urn:feature-outbox:event-schema:{SCHEMA_VERSION}")
 }
 
-/// `source`: `/<database>/<layer>`, each a URI path segment.
-pub fn source(database: &str, layer: &str) -> String {
-    format!("/{}/{}", utf8_percent_encode(database, PATH_SEGMENT), utf8_percent_encode(layer, PATH_SEGMENT))
+/// `source`: `/<database_id>/<layer>`, each a URI path segment. The database's identity, not its
+/// name: a rename keeps the source, and a copy resolved as a new source gets another (CloudEvents
+/// 1.0 §3.1.1: `source` + `id` identify an event).
+pub fn source(database_id: &str, layer: &str) -> String {
+    format!("/{}/{}", utf8_percent_encode(database_id, PATH_SEGMENT), utf8_percent_encode(layer, PATH_SEGMENT))
 }
 
 /// The CloudEvents attributes of one message of `row`, unencoded, `datacontenttype` included:
-/// `database` is the database the worker serves, `prefix` feature_outbox.nats_subject_prefix, which
+/// `from` is the database the worker serves, `prefix` feature_outbox.nats_subject_prefix, which
 /// `type` starts with on both sinks.
-pub fn attributes(database: &str, prefix: &str, row: &Row, message: Message) -> Vec<(&'static str, String)> {
+pub fn attributes(from: &Source, prefix: &str, row: &Row, message: Message) -> Vec<(&'static str, String)> {
     let (id, event_type) = match message {
         Message::Event => (row.event_id.clone(), row.event_type.as_str()),
         Message::Departed => (crate::subjects::departed_id(&row.event_id), crate::subjects::DEPARTED),
@@ -55,7 +57,7 @@ pub fn attributes(database: &str, prefix: &str, row: &Row, message: Message) -> 
     let mut a = vec![
         ("specversion", "1.0".to_string()),
         ("id", id),
-        ("source", source(database, &row.layer)),
+        ("source", source(&from.database_id, &row.layer)),
         ("type", format!("{prefix}.{event_type}")),
         ("subject", row.key()),
         ("time", row.occurred_at.clone()),
@@ -82,6 +84,8 @@ fn trace(row: &Row) -> Vec<(&'static str, String)> {
 /// The header that names the database whose outbox an event comes from, on NATS and HTTP alike,
 /// under every envelope; the value is percent-encoded as the `ce-` headers are.
 pub const DATABASE_HEADER: &str = "Feature-Outbox-Database";
+/// Beside it, the database's identity (the events' `database_id`), which a rename does not change.
+pub const DATABASE_ID_HEADER: &str = "Feature-Outbox-Database-Id";
 
 pub fn database_header_value(database: &str) -> String {
     utf8_percent_encode(database, HEADER_VALUE).to_string()
@@ -90,10 +94,10 @@ pub fn database_header_value(database: &str) -> String {
 /// The headers of one message of `row`, in order: the W3C `traceparent` and `tracestate` (Trace
 /// Context, section 3) under every envelope, then under `cloudevents` each attribute as a `ce-`
 /// header, percent-encoded; on HTTP `datacontenttype` is the Content-Type the sink sets itself.
-pub fn headers(envelope: Envelope, binding: Binding, database: &str, prefix: &str, row: &Row, message: Message) -> Vec<(String, String)> {
+pub fn headers(envelope: Envelope, binding: Binding, from: &Source, prefix: &str, row: &Row, message: Message) -> Vec<(String, String)> {
     let mut h: Vec<(String, String)> = trace(row).into_iter().map(|(n, v)| (n.to_string(), v)).collect();
     if envelope == Envelope::CloudEvents {
-        for (name, value) in attributes(database, prefix, row, message) {
+        for (name, value) in attributes(from, prefix, row, message) {
             if name == "datacontenttype" && binding == Binding::Http {
                 continue;
             }
@@ -105,7 +109,7 @@ pub fn headers(envelope: Envelope, binding: Binding, database: &str, prefix: &st
 
 /// One event in the structured JSON format (CloudEvents JSON event format, section 3): the
 /// attributes as members, the event body as `data`. A batch of them is a JSON array.
-pub fn structured(database: &str, prefix: &str, row: &Row, body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn structured(from: &Source, prefix: &str, row: &Row, body: &[u8]) -> Result<Vec<u8>, String> {
     #[derive(serde::Serialize)]
     struct Structured<'a> {
         #[serde(flatten)]
@@ -113,14 +117,18 @@ pub fn structured(database: &str, prefix: &str, row: &Row, body: &[u8]) -> Resul
         data: &'a serde_json::value::RawValue,
     }
     let data: &serde_json::value::RawValue = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    serde_json::to_vec(&Structured { attributes: attributes(database, prefix, row, Message::Event).into_iter().collect(), data })
+    serde_json::to_vec(&Structured { attributes: attributes(from, prefix, row, Message::Event).into_iter().collect(), data })
         .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::tests::row;
+    use crate::event::tests::{row, source as src};
+
+    fn named(database: &str) -> Source {
+        Source { database: database.into(), database_id: "6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31".into() }
+    }
 
     fn get<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
         h.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
@@ -129,10 +137,10 @@ mod tests {
     #[test]
     fn native_sends_only_the_trace_context() {
         let mut r = row();
-        assert!(headers(Envelope::Native, Binding::Http, "db", "features", &r, Message::Event).is_empty());
+        assert!(headers(Envelope::Native, Binding::Http, &named("db"), "features", &r, Message::Event).is_empty());
         r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
         r.tracestate = Some("congo=t61rcWkgMzE".into());
-        let h = headers(Envelope::Native, Binding::Nats, "db", "features", &r, Message::Event);
+        let h = headers(Envelope::Native, Binding::Nats, &named("db"), "features", &r, Message::Event);
         assert_eq!(h, vec![("traceparent".into(), r.traceparent.clone().unwrap()), ("tracestate".into(), r.tracestate.clone().unwrap())]);
     }
 
@@ -140,18 +148,18 @@ mod tests {
     fn cloudevents_attributes_per_binding() {
         let mut r = row();
         r.feature_key = Some("Gate 7 \"north\" %".into());
-        let http = headers(Envelope::CloudEvents, Binding::Http, "city db", "acme.features", &r, Message::Event);
+        let http = headers(Envelope::CloudEvents, Binding::Http, &named("city db"), "acme.features", &r, Message::Event);
         assert_eq!(get(&http, "ce-specversion"), Some("1.0"));
         assert_eq!(get(&http, "ce-id"), Some(r.event_id.as_str()));
-        // The URI's own %20, then the header's encoding of that %.
-        assert_eq!(get(&http, "ce-source"), Some("/city%2520db/parcels"));
+        // The identity, not the name: a rename keeps the source.
+        assert_eq!(get(&http, "ce-source"), Some("/6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31/parcels"));
         assert_eq!(get(&http, "ce-type"), Some("acme.features.moved"));
         assert_eq!(get(&http, "ce-subject"), Some("Gate%207%20%22north%22%20%25"));
         assert_eq!(get(&http, "ce-time"), Some("2026-11-30T06:00:00.000000Z"));
         assert_eq!(get(&http, "ce-dataschema"), Some("urn:feature-outbox:event-schema:3"));
         assert_eq!(get(&http, "ce-datacontenttype"), None);
         assert_eq!(get(&http, "ce-traceparent"), None);
-        let nats = headers(Envelope::CloudEvents, Binding::Nats, "db", "features", &r, Message::Departed);
+        let nats = headers(Envelope::CloudEvents, Binding::Nats, &named("db"), "features", &r, Message::Departed);
         assert_eq!(get(&nats, "ce-datacontenttype"), Some("application/json"));
         assert_eq!(get(&nats, "ce-id"), Some(format!("{}:departed", r.event_id).as_str()));
         assert_eq!(get(&nats, "ce-type"), Some("features.departed"));
@@ -163,7 +171,7 @@ mod tests {
     fn a_tracestate_without_traceparent_is_not_sent() {
         let mut r = row();
         r.tracestate = Some("congo=t61rcWkgMzE".into());
-        assert!(headers(Envelope::CloudEvents, Binding::Http, "db", "features", &r, Message::Event).iter().all(|(n, _)| !n.contains("trace")));
+        assert!(headers(Envelope::CloudEvents, Binding::Http, &named("db"), "features", &r, Message::Event).iter().all(|(n, _)| !n.contains("trace")));
     }
 
     #[test]
@@ -171,9 +179,10 @@ mod tests {
         let mut r = row();
         r.feature_key = Some("Gate 7".into());
         r.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
-        let body = crate::event::to_json(&r, "t").unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&structured("db", "features", &r, &body).unwrap()).unwrap();
+        let body = crate::event::to_json(&src(), &r, "t").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&structured(&src(), "features", &r, &body).unwrap()).unwrap();
         assert_eq!(v["subject"], "Gate 7");
+        assert_eq!(v["source"], format!("/{}/parcels", src().database_id));
         assert_eq!(v["type"], "features.moved");
         assert_eq!(v["datacontenttype"], "application/json");
         assert_eq!(v["traceparent"], r.traceparent.clone().unwrap());
@@ -183,8 +192,8 @@ mod tests {
 
     #[test]
     fn source_is_a_path_of_two_segments() {
-        assert_eq!(source("postgres", "features"), "/postgres/features");
-        assert_eq!(source("a/b?c#d", "x"), "/a%2Fb%3Fc%23d/x");
-        assert_eq!(source("Stadt-Köln", "roads"), "/Stadt-K%C3%B6ln/roads");
+        assert_eq!(source("6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31", "features"), "/6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31/features");
+        assert_eq!(source("id", "a/b?c#d"), "/id/a%2Fb%3Fc%23d");
+        assert_eq!(source("id", "Straßen"), "/id/Stra%C3%9Fen");
     }
 }

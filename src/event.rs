@@ -10,6 +10,17 @@ use sha2::Sha256;
 /// The event format this relay publishes (README, "Events"). 3: 0.2.0, with layer and properties.
 pub const SCHEMA_VERSION: i32 = 3;
 
+/// Whose outbox an event comes from: the database's name, which a rename changes, and its identity
+/// (feature_outbox.database_identity, sql/identity.sql), which survives a rename, a promotion and
+/// pg_upgrade but not a copy into another database once resolved as 'new'. The consumer's key
+/// starts with the identity (the book, "Events": the consumer's key).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Source {
+    pub database: String,
+    /// The identity as canonical uuid text.
+    pub database_id: String,
+}
+
 /// One outbox row and its feature's current row, as the relay's claim and its layer's read give them.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -82,11 +93,15 @@ impl Row {
 }
 
 /// The event JSON (schema 3): the guide's fields plus event_id, layer, previous_routing_key, bbox,
-/// previous_bbox, properties and relayed_at.
+/// previous_bbox, properties and relayed_at; database and database_id since 0.4.0 (additive).
 #[derive(Serialize)]
 struct Event<'a> {
     schema_version: i32,
     event_id: &'a str,
+    /// The database whose outbox this is, by name (as a person reads it) and by identity (what a
+    /// consumer keys on: a copy of the database resolved as a new source has another one).
+    database: &'a str,
+    database_id: &'a str,
     layer: &'a str,
     /// Versions are per (layer, registration_id, feature_id): a re-registered layer starts again.
     registration_id: i64,
@@ -123,13 +138,13 @@ pub struct GeometryRef {
 
 /// Serializes the event for `row`, its geometry as GeoJSON at full precision. An error (a geometry
 /// GeoJSON cannot carry) concerns this row only.
-pub fn to_json(row: &Row, relayed_at: &str) -> Result<Vec<u8>, String> {
-    build(row, relayed_at, geometry(row)?, None)
+pub fn to_json(source: &Source, row: &Row, relayed_at: &str) -> Result<Vec<u8>, String> {
+    build(source, row, relayed_at, geometry(row)?, None)
 }
 
 /// The event for `row` with `geometry: null` and `geometry_ref` pointing at its stored geometry.
-pub fn to_json_by_ref(row: &Row, relayed_at: &str, geometry_ref: &GeometryRef) -> Result<Vec<u8>, String> {
-    build(row, relayed_at, None, Some(geometry_ref))
+pub fn to_json_by_ref(source: &Source, row: &Row, relayed_at: &str, geometry_ref: &GeometryRef) -> Result<Vec<u8>, String> {
+    build(source, row, relayed_at, None, Some(geometry_ref))
 }
 
 /// The GeoJSON geometry text of `row` alone (what a geometry_ref object holds); None when deleted.
@@ -145,10 +160,12 @@ fn geometry(row: &Row) -> Result<Option<Box<RawValue>>, String> {
     }
 }
 
-fn build(row: &Row, relayed_at: &str, geometry: Option<Box<RawValue>>, geometry_ref: Option<&GeometryRef>) -> Result<Vec<u8>, String> {
+fn build(source: &Source, row: &Row, relayed_at: &str, geometry: Option<Box<RawValue>>, geometry_ref: Option<&GeometryRef>) -> Result<Vec<u8>, String> {
     serde_json::to_vec(&Event {
         schema_version: SCHEMA_VERSION,
         event_id: &row.event_id,
+        database: &source.database,
+        database_id: &source.database_id,
         layer: &row.layer,
         registration_id: row.registration_id,
         action: &row.event_type,
@@ -187,6 +204,10 @@ pub(crate) mod tests {
     use super::*;
     use crate::routing::tests::point_wkb;
 
+    pub(crate) fn source() -> Source {
+        Source { database: "gis".into(), database_id: "6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31".into() }
+    }
+
     pub(crate) fn row() -> Row {
         Row {
             id: 1,
@@ -213,7 +234,7 @@ pub(crate) mod tests {
 
     #[test]
     fn event_has_the_documented_fields() {
-        let v: serde_json::Value = serde_json::from_slice(&to_json(&row(), "2026-11-30T06:00:01Z").unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&to_json(&source(), &row(), "2026-11-30T06:00:01Z").unwrap()).unwrap();
         assert_eq!(v["feature_id"], "4471");
         assert_eq!(v["event_version"], 2);
         assert_eq!(v["geometry_version"], 3);
@@ -229,7 +250,9 @@ pub(crate) mod tests {
         assert_eq!(v["properties"], serde_json::json!({"name": "Main St", "lanes": 2}));
         assert_eq!(v["bbox"], serde_json::json!([13.400000000000001, 52.52, 13.400000000000001, 52.52]));
         assert_eq!(v["previous_bbox"], serde_json::json!([13.3, 52.5, 13.35, 52.55]));
-        assert_eq!(v.as_object().unwrap().len(), 17);
+        assert_eq!(v["database"], "gis");
+        assert_eq!(v["database_id"], "6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31");
+        assert_eq!(v.as_object().unwrap().len(), 19);
     }
 
     #[test]
@@ -237,13 +260,13 @@ pub(crate) mod tests {
         let r = row();
         let object = geometry_json(&r).unwrap().unwrap();
         let reference = GeometryRef { bucket: "FEATURES_GEOMETRY".into(), name: r.event_id.clone(), size: object.len() };
-        let v: serde_json::Value = serde_json::from_slice(&to_json_by_ref(&r, "t", &reference).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&to_json_by_ref(&source(), &r, "t", &reference).unwrap()).unwrap();
         assert!(v["geometry"].is_null());
         assert_eq!(v["geometry_ref"], serde_json::json!({"bucket": "FEATURES_GEOMETRY", "name": r.event_id, "size": object.len()}));
         // The object is exactly the geometry the inline event would carry.
-        let inline: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
+        let inline: serde_json::Value = serde_json::from_slice(&to_json(&source(), &r, "t").unwrap()).unwrap();
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&object).unwrap(), inline["geometry"]);
-        assert_eq!(v.as_object().unwrap().len(), 18);
+        assert_eq!(v.as_object().unwrap().len(), 20);
     }
 
     #[test]
@@ -252,7 +275,7 @@ pub(crate) mod tests {
         r.geometry = None;
         r.geometry_version = None;
         r.properties = None;
-        let v: serde_json::Value = serde_json::from_slice(&to_json(&r, "t").unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&to_json(&source(), &r, "t").unwrap()).unwrap();
         assert!(v["geometry"].is_null() && v["geometry_version"].is_null() && v["properties"].is_null());
         assert!(v["bbox"].is_null());
     }

@@ -59,7 +59,7 @@ pub extern "C-unwind" fn feature_outbox_launcher_main(_arg: pg_sys::Datum) {
     }
     // Exit 1: after pg_terminate_backend the postmaster starts the launcher again. The workers it
     // started run on meanwhile; the next launcher finds them in shared memory.
-    crate::relay::exit_worker();
+    crate::relay::exit_process(1);
 }
 
 #[pg_guard]

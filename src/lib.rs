@@ -67,6 +67,7 @@ extension_sql_file!(
         monitoring::_relay_databases,
         monitoring::_relay_preloaded,
         monitoring::_relay_relayed,
+        monitoring::_relay_held,
         edit::_h3_parent,
         relay_state::_relay_low_water,
         relay_state::_relay_low_water_reset
@@ -83,6 +84,7 @@ extension_sql_file!(
     requires = ["edit", "layers", edit::layers::_as_caller_rows, edit::layers::_row_digests_sql]
 );
 extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
+extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

@@ -53,7 +53,10 @@ fn _relay_preloaded() -> bool {
     ready()
 }
 
-/// One row per relay worker serving this database: its state and counters since server start.
+/// One row per relay worker serving this database: its state and counters since server start, and
+/// its sink's health (0.4.0): up as last seen (a connect, a batch, an idle worker's look at its
+/// connection each poll interval; for HTTP the last request), sink-level errors since server start,
+/// and when the sink last worked.
 #[pg_extern(stable, parallel_safe)]
 fn _relay_workers() -> TableIterator<
     'static,
@@ -67,6 +70,9 @@ fn _relay_workers() -> TableIterator<
         name!(last_active_at, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
+        name!(sink_up, bool),
+        name!(sink_errors, i64),
+        name!(sink_last_success_at, Option<TimestampWithTimeZone>),
     ),
 > {
     let rows = slots_here()
@@ -84,10 +90,22 @@ fn _relay_workers() -> TableIterator<
                 timestamp(s.last_active_at),
                 s.error_text(),
                 timestamp(s.last_error_at),
+                s.pid != 0 && s.sink_up,
+                s.sink_errors,
+                timestamp(s.sink_ok_at),
             )
         })
         .collect::<Vec<_>>();
     TableIterator::new(rows)
+}
+
+/// Why this database's rows wait for resolve_copy() (a worker holds it as a copy of another
+/// database, sql/identity.sql), or NULL when no worker does. From shared memory: the backlog view
+/// and metrics() read it without writing.
+#[pg_extern(stable, parallel_safe)]
+fn _relay_held() -> Option<String> {
+    let (slots, _) = slots_here().ok()?;
+    slots.iter().find(|(_, s)| s.pid != 0 && s.state == WorkerState::Held).map(|(_, s)| s.error_text().unwrap_or_default())
 }
 
 /// Relay totals for this database: workers running, last activity, the current error (none once the
@@ -185,6 +203,7 @@ fn _relay_databases() -> TableIterator<
             (None, _) if d.error().is_some() => "no worker slot".into(),
             (None, Presence::Unknown | Presence::Probing) => "probing".into(),
             (None, Presence::Present) if slots.iter().any(|s| s.state == WorkerState::WaitingForUpdate) => WorkerState::WaitingForUpdate.label().into(),
+            (None, Presence::Present) if slots.iter().any(|s| s.state == WorkerState::Held) => WorkerState::Held.label().into(),
             (None, Presence::Present) if running == 0 => "starting".into(),
             (None, Presence::Present) => "relaying".into(),
         };

@@ -15,7 +15,8 @@ pub const MAX_WORKERS: usize = 32;
 pub const MAX_SLOTS: usize = 128;
 /// Databases the launcher keeps an entry for at once.
 pub const MAX_DATABASES: usize = 64;
-const ERROR_LEN: usize = 240;
+/// Room for a held copy's reason with the SQL that resolves it (sql/identity.sql).
+const ERROR_LEN: usize = 512;
 const NAME_LEN: usize = 64;
 pub const EVENT_TYPES: [&str; 5] = ["created", "moved", "retired", "updated", "snapshot"];
 
@@ -29,6 +30,9 @@ pub enum WorkerState {
     WaitingForUpdate = 4,
     /// Registered by the launcher, not yet connected.
     Starting = 5,
+    /// The database's outbox came from another database (sql/identity.sql): its rows wait for
+    /// resolve_copy().
+    Held = 6,
 }
 
 impl WorkerState {
@@ -40,6 +44,7 @@ impl WorkerState {
             WorkerState::BackingOff => "backing off",
             WorkerState::WaitingForUpdate => "waiting for ALTER EXTENSION UPDATE",
             WorkerState::Starting => "starting",
+            WorkerState::Held => "held: copy of another database",
         }
     }
 }
@@ -66,6 +71,15 @@ pub struct Slot {
     /// True from an error until the worker next works without one (the sink is back): the backlog
     /// view shows only current errors, the workers view the last one either way.
     pub error_active: bool,
+    /// The sink's health for metrics(): connected and working as last seen (a connect, a batch, or
+    /// an idle worker's look at its connection each poll interval; for HTTP the last request).
+    pub sink_up: bool,
+    /// Sink-level failures (failed connects, sink outages seen by a batch or an idle look) since
+    /// server start.
+    pub sink_errors: i64,
+    /// When the sink last worked: a connect, an acknowledged batch, or an idle look that found it
+    /// connected. 0: never.
+    pub sink_ok_at: pg_sys::TimestampTz,
 }
 
 impl Default for Slot {
@@ -86,6 +100,9 @@ impl Default for Slot {
             last_error_at: 0,
             last_error: [0; ERROR_LEN],
             error_active: false,
+            sink_up: false,
+            sink_errors: 0,
+            sink_ok_at: 0,
         }
     }
 }

@@ -21,3 +21,9 @@ CREATE TYPE layer_write AS (
 );
 DROP FUNCTION _inspect_geometry(bytea, boolean, integer, text);
 DROP FUNCTION _layer_write_row(text, text, oid, text, text, text, text, text, text, anyelement, text, text[], text[]);
+
+-- Sink health (issue 38): _relay_workers() returns three more columns (sink_up, sink_errors,
+-- sink_last_success_at), which CREATE OR REPLACE cannot do; the workers view reads it. Both are
+-- created again further down, with their grants.
+DROP VIEW workers;
+DROP FUNCTION _relay_workers();

@@ -258,7 +258,8 @@ fn _layer_write(
 /// feature's key as text, converted to `id_type` (the id column's type; bigint for integer keys).
 /// `op`:
 /// created, moved, updated, retired, delete, or record_created / record_moved / record_updated /
-/// record_retired (record_edit: the version, and the retired column, only). `tbl`: the table's OID;
+/// record_retired (record_edit: the version, and the retired column, only; on a layer without a
+/// retired column, record_edit's `retired` comes here as delete, as edit_feature's does). `tbl`: the table's OID;
 /// the column names as registered. `geometry`: what to store, already in the column's SRID, or NULL
 /// to keep the current one. `properties` (jsonb as text) and `keys` (its keys): registered columns
 /// to set, converted as jsonb_populate_record converts them; a value that does not fit raises its

@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 
 use super::error::RelayError;
 use super::slot::WorkerSlot;
-use super::{WORKER_DATABASE, reload_if_asked, stopping};
+use super::{reload_if_asked, source, stopping};
 use crate::backoff;
 use crate::settings;
 use crate::sinks::{self, Sink, SinkConfig};
@@ -30,7 +30,7 @@ pub struct Connection {
 
 /// The sink settings in effect, for this worker's database.
 fn config() -> SinkConfig {
-    SinkConfig::from_settings(WORKER_DATABASE.get().cloned().unwrap_or_default())
+    SinkConfig::from_settings(source())
 }
 
 impl Connection {
@@ -52,6 +52,7 @@ impl Connection {
                 me.count_failed_connect();
                 RelayError::sink_down(reason)
             })?;
+            me.sink_ok();
             if let Some(notice) = sink.notice()
                 && self.notice_logged.as_ref() != Some(&notice)
             {
@@ -62,6 +63,15 @@ impl Connection {
         }
         self.connect_failed = false;
         let (_, sink) = self.current.as_mut().expect("connected above");
+        if !fresh {
+            // The look each wake-up (at least each poll interval) gives an idle worker: a lost
+            // connection shows in metrics() and the views without waiting for an edit.
+            match sink.health() {
+                Some(Ok(())) => me.sink_ok(),
+                Some(Err(reason)) => return Err(RelayError::sink_down(reason)),
+                None => {}
+            }
+        }
         Ok((sink.as_mut(), fresh))
     }
 
@@ -70,6 +80,7 @@ impl Connection {
     pub fn down(&mut self, me: &WorkerSlot, reason: &str, retry_after: Option<Duration>) -> Duration {
         self.current = None;
         self.failures += 1;
+        me.sink_failed();
         me.record_error(reason);
         if !self.down_logged {
             log!("{}: sink down, backing off: {reason}", me.tag);
@@ -86,6 +97,7 @@ impl Connection {
 
     /// A batch went through: the sink works (again).
     pub fn worked(&mut self, me: &WorkerSlot) {
+        me.sink_ok();
         if self.down_logged {
             log!("{}: sink back, publishing again", me.tag);
         }

@@ -47,7 +47,7 @@ pub fn crash_if_requested(outcomes: &[Outcome]) {
     let requested = std::mem::take(&mut crate::relay_state::RELAY.exclusive().crash_after_next_publish);
     if requested {
         pgrx::log!("feature_outbox relay: fault injection: exiting after publish, before marking rows sent");
-        super::exit_worker();
+        super::exit_process(1);
     }
 }
 

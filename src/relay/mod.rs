@@ -42,10 +42,24 @@ const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The database this worker connected to, set once at connect.
 static WORKER_DATABASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// The identity its events carry (sql/identity.sql), set once the schema check found the database
+/// serving as itself (schema.rs); unset while it is held as a copy. Kept for the worker's life.
+static WORKER_IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Whose outbox this worker relays, as its events name it.
+pub fn source() -> crate::event::Source {
+    crate::event::Source {
+        database: WORKER_DATABASE.get().cloned().unwrap_or_default(),
+        database_id: WORKER_IDENTITY.get().cloned().unwrap_or_default(),
+    }
+}
 
 /// A relay worker, started by the launcher (launcher.rs) for one slot of shared memory, which names
 /// its database and its index. It connects there (the database's per-database settings apply), and
-/// leaves at once when the database is paused for a utility command or holds no extension.
+/// leaves at once when the database is paused for a utility command or holds no extension. Every
+/// such end is designed, and exits 0: PostgreSQL logs a background worker's non-zero exit ("exited
+/// with exit code 1"), and the launcher, not the postmaster, starts relay workers again (they are
+/// dynamic workers that never restart). An ERROR that escapes still ends it with exit 1, logged.
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
@@ -84,16 +98,21 @@ pub extern "C-unwind" fn feature_outbox_relay_main(arg: pg_sys::Datum) {
     });
 
     Worker::new(WorkerSlot::new(slot, index, workers, &name)).run();
-    // Exit 1 even on SIGTERM: a dynamic worker is never restarted by the postmaster either way, and
-    // exit 1 is the code the postmaster takes for a worker's normal end. The launcher restarts it.
     exit_worker();
 }
 
-/// Ends this worker process with exit code 1: for the postmaster an ordinary end of a background
-/// worker. proc_exit never returns, but the pg18 bindings do not declare it diverging.
-#[allow(unreachable_code)]
+/// Ends this relay worker as designed, with exit code 0: the postmaster logs nothing for it, and a
+/// dynamic worker that never restarts is unregistered either way; the launcher starts it again.
 pub fn exit_worker() -> ! {
-    unsafe { pg_sys::proc_exit(1) };
+    exit_process(0)
+}
+
+/// Ends this process with `code`. 1 for a background worker the postmaster must start again (the
+/// launcher after pg_terminate_backend) or a simulated crash; PostgreSQL logs that line.
+/// proc_exit never returns, but the pg18 bindings do not declare it diverging.
+#[allow(unreachable_code)]
+pub fn exit_process(code: i32) -> ! {
+    unsafe { pg_sys::proc_exit(code) };
     unreachable!("proc_exit returned")
 }
 
@@ -104,6 +123,7 @@ unsafe extern "C-unwind" fn release_slot(_code: i32, arg: pg_sys::Datum) {
         s.latch = 0;
         s.claimed = false;
         s.state = WorkerState::Stopped;
+        s.sink_up = false;
     });
     crate::relay_state::wake_launcher();
 }

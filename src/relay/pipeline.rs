@@ -92,11 +92,12 @@ impl Batch {
     /// Builds each row's event. A row whose event cannot be built (a geometry GeoJSON cannot carry,
     /// a layer that cannot be read) fails alone, row-level.
     pub fn new(rows: Vec<Row>, relayed_at: String) -> Batch {
+        let source = super::source();
         let events = rows
             .iter()
             .map(|row| match &row.read_error {
                 Some(e) => Err(e.clone()),
-                None => event::to_json(row, &relayed_at).map_err(|e| format!("cannot build the event: {e}")),
+                None => event::to_json(&source, row, &relayed_at).map_err(|e| format!("cannot build the event: {e}")),
             })
             .collect();
         Batch { rows, events, relayed_at, ahead: None }

@@ -5,7 +5,7 @@ use pgrx::prelude::*;
 use super::error::RelayError;
 use super::slot::WorkerSlot;
 use super::transaction::{in_transaction_try, kept_one};
-use super::{LIBRARY_VERSION, exit_worker};
+use super::{LIBRARY_VERSION, WORKER_IDENTITY, exit_worker};
 use crate::relay_state::{Presence, RELAY, WorkerState, this_database};
 
 #[derive(Default)]
@@ -21,24 +21,66 @@ impl SchemaCheck {
     /// not yet run) must not be claimed or marked by it. Every upgrade script ends by waking the
     /// workers at commit, so they resume at once. Without the extension the worker leaves the
     /// database.
+    ///
+    /// Then the database's identity (sql/identity.sql), once per worker: a database whose outbox
+    /// came from another one (restored, TEMPLATE or file-level copy) is held, its rows waiting,
+    /// until resolve_copy() says what it is; resolve_copy wakes the workers at commit.
     pub fn ready(&mut self, me: &WorkerSlot) -> bool {
         let (state, error) = match installed_version(me) {
-            Ok(v) if v == LIBRARY_VERSION => {
-                self.waiting_logged = None;
-                return true;
-            }
+            Ok(v) if v == LIBRARY_VERSION => match identity() {
+                Ok(Identity::Serving(id)) => {
+                    let _ = WORKER_IDENTITY.set(id);
+                    self.waiting_logged = None;
+                    return true;
+                }
+                Ok(Identity::Copy(reason)) => (WorkerState::Held, RelayError::Sql(reason)),
+                Err(e) => (WorkerState::Idle, RelayError::Sql(format!("cannot check the database's identity: {e}"))),
+            },
             Ok(schema) => (WorkerState::WaitingForUpdate, RelayError::SchemaBehind { schema, library: LIBRARY_VERSION }),
             Err(e) => (WorkerState::Idle, RelayError::Sql(format!("cannot read pg_extension: {e}"))),
         };
-        // The reason is also recorded as the last error, where the backlog view shows it.
+        // The reason is also recorded as the last error, where the views show it. One line in the
+        // log per database (worker 0's) for a held copy, whose reason every worker finds alike.
         let reason = error.to_string();
         if self.waiting_logged.as_deref() != Some(reason.as_str()) {
-            log!("{}: {reason}", me.tag);
+            if state != WorkerState::Held || me.index == 0 {
+                log!("{}: {reason}", me.tag);
+            }
             me.record_error(&reason);
             self.waiting_logged = Some(reason);
         }
         me.set_state(state);
         false
+    }
+}
+
+/// What `_identity_check()` made of this database.
+enum Identity {
+    /// The identity its events carry.
+    Serving(String),
+    /// A copy of another database, held; why, with the SQL that resolves it.
+    Copy(String),
+}
+
+/// This worker's identity: the one it found before (kept for its life), or `_identity_check()`'s
+/// answer, in a transaction of its own that may write (it records a promotion, a pg_upgrade or a
+/// rename in database_identity).
+fn identity() -> Result<Identity, RelayError> {
+    if let Some(id) = WORKER_IDENTITY.get() {
+        return Ok(Identity::Serving(id.clone()));
+    }
+    let (state, id, reason) = in_transaction_try(|| {
+        Spi::connect_mut(|client| {
+            let row = client
+                .update("SELECT c.state, c.identity::text, c.reason FROM feature_outbox._identity_check() c", None, &[])?
+                .first()
+                .get_three::<String, String, String>()?;
+            Ok::<_, RelayError>(row)
+        })
+    })?;
+    match (state.as_deref(), id) {
+        (Some("serving"), Some(id)) => Ok(Identity::Serving(id)),
+        _ => Ok(Identity::Copy(reason.unwrap_or_else(|| "this database's identity is undecided".into()))),
     }
 }
 

@@ -31,6 +31,23 @@ impl WorkerSlot {
         update_slot(self.slot, |s| s.set_error(error, at));
     }
 
+    /// The sink works: connected, a batch acknowledged, or an idle look found it connected.
+    pub fn sink_ok(&self) {
+        let at = now();
+        update_slot(self.slot, |s| {
+            s.sink_up = true;
+            s.sink_ok_at = at;
+        });
+    }
+
+    /// The sink failed at sink level (a connect, a batch, an idle look): one more sink error.
+    pub fn sink_failed(&self) {
+        update_slot(self.slot, |s| {
+            s.sink_up = false;
+            s.sink_errors += 1;
+        });
+    }
+
     /// A connect that failed: no row was tried, so the attempt counts instead.
     pub fn count_failed_connect(&self) {
         update_slot(self.slot, |s| s.failed_attempts += 1);

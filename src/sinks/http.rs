@@ -29,7 +29,7 @@ pub struct HttpSink {
     timeout: Duration,
     max_body: usize,
     envelope: Envelope,
-    database: String,
+    source: crate::event::Source,
     prefix: String,
     concurrency: usize,
     batch: usize,
@@ -119,7 +119,7 @@ impl HttpSink {
             timeout: config.publish_timeout,
             max_body: config.http_max_body,
             envelope: config.envelope,
-            database: config.database.clone(),
+            source: config.source.clone(),
             prefix: config.subject_prefix.clone(),
             concurrency,
             batch: config.http_batch.max(1),
@@ -222,7 +222,7 @@ impl HttpSink {
         match self.envelope {
             // The event JSON was built by this relay, so it always parses back.
             Envelope::CloudEvents if self.batch > 1 => {
-                std::borrow::Cow::Owned(cloudevents::structured(&self.database, &self.prefix, row, body).unwrap_or_default())
+                std::borrow::Cow::Owned(cloudevents::structured(&self.source, &self.prefix, row, body).unwrap_or_default())
             }
             _ => std::borrow::Cow::Borrowed(body),
         }
@@ -243,7 +243,8 @@ impl HttpSink {
             .header("webhook-id", &id)
             .header("Idempotency-Key", &id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(&self.database));
+            .header(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(&self.source.database))
+            .header(cloudevents::DATABASE_ID_HEADER, &self.source.database_id);
         // A batch has one trace context when its events share it; under cloudevents each event
         // carries its own as attributes.
         let shared_trace = || request.rows.iter().all(|&i| rows[i].traceparent == first.traceparent && rows[i].tracestate == first.tracestate);
@@ -252,7 +253,7 @@ impl HttpSink {
             (true, Envelope::Native) if shared_trace() => Some(Envelope::Native),
             (true, _) => None,
         };
-        for (name, value) in envelope.map(|e| cloudevents::headers(e, Binding::Http, &self.database, &self.prefix, first, Message::Event)).unwrap_or_default() {
+        for (name, value) in envelope.map(|e| cloudevents::headers(e, Binding::Http, &self.source, &self.prefix, first, Message::Event)).unwrap_or_default() {
             request_builder = request_builder.header(name, value);
         }
         if let Some(secret) = &self.secret {
@@ -362,7 +363,7 @@ mod tests {
             object_bucket: "B".into(),
             http_max_body: max_body,
             envelope: Envelope::Native,
-            database: "db".into(),
+            source: crate::event::tests::source(),
             http_concurrency: 8,
             http_batch: batch,
         };

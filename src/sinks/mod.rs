@@ -38,8 +38,9 @@ pub struct SinkConfig {
     pub http_max_body: usize,
     /// feature_outbox.envelope.
     pub envelope: crate::settings::Envelope,
-    /// The database whose outbox the worker relays (CloudEvents `source`).
-    pub database: String,
+    /// The database whose outbox the worker relays: its name and identity (event body, headers,
+    /// CloudEvents `source`).
+    pub source: crate::event::Source,
     /// feature_outbox.http_concurrency: requests in flight per worker.
     pub http_concurrency: usize,
     /// feature_outbox.http_batch: events per request.
@@ -78,6 +79,15 @@ pub trait Sink {
         None
     }
 
+    /// Whether the sink is still usable while no batch goes through it, looked at by an idle worker
+    /// each poll interval (sink health in metrics()). Ok(()) when it is; Err(why) when it is not,
+    /// and the worker treats that as a sink failure (drops it, backs off, reconnects). None (the
+    /// default): this sink cannot tell without a request (HTTP), so what the last request showed
+    /// stands.
+    fn health(&self) -> Option<Result<(), String>> {
+        None
+    }
+
     /// Something about the destination the worker logs once after connecting (a JetStream stream
     /// found with other limits than the settings ask for).
     fn notice(&self) -> Option<String> {
@@ -101,8 +111,8 @@ impl InFlight {
 
 impl SinkConfig {
     /// The settings in effect, read from the GUCs (on the worker's main thread: a GUC read
-    /// elsewhere panics), for the worker relaying `database`'s outbox.
-    pub fn from_settings(database: String) -> SinkConfig {
+    /// elsewhere panics), for the worker relaying `source`'s outbox.
+    pub fn from_settings(source: crate::event::Source) -> SinkConfig {
         use crate::settings;
         let optional = |s: String| (!s.is_empty()).then_some(s);
         SinkConfig {
@@ -123,7 +133,7 @@ impl SinkConfig {
             object_bucket: settings::string(&settings::NATS_OBJECT_BUCKET),
             http_max_body: settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024,
             envelope: settings::ENVELOPE.get(),
-            database,
+            source,
             http_concurrency: settings::HTTP_CONCURRENCY.get().max(1) as usize,
             http_batch: settings::HTTP_BATCH.get().max(1) as usize,
         }

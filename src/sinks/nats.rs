@@ -12,7 +12,7 @@ use tokio::runtime::Runtime;
 
 use super::{InFlight, Outcome, Sink, SinkConfig};
 use crate::cloudevents::{self, Binding, Message};
-use crate::event::{self, GeometryRef, Row};
+use crate::event::{self, GeometryRef, Row, Source};
 use crate::settings::Envelope;
 use crate::subjects;
 
@@ -26,7 +26,7 @@ pub struct NatsSink {
     /// feature_outbox.subject_resolutions.
     resolutions: Vec<u8>,
     envelope: Envelope,
-    database: String,
+    source: Source,
     timeout: Duration,
     bucket: object_store::Config,
     /// The object bucket, created or found on the first event over max_payload.
@@ -153,7 +153,7 @@ impl NatsSink {
             num_replicas: config.replicas,
             ..Default::default()
         };
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, database: config.database.clone(), timeout, bucket, objects: None, limits_differ })
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, source: config.source.clone(), timeout, bucket, objects: None, limits_differ })
     }
 
     /// Hands the batch to the runtime's thread, which builds each message (subjects, headers),
@@ -187,7 +187,7 @@ impl NatsSink {
             legacy: self.legacy_subjects,
             resolutions: self.resolutions.clone(),
             envelope: self.envelope,
-            database: self.database.clone(),
+            source: self.source.clone(),
         };
         let n = outgoing.len();
         Pending(crate::signals::blocked(|| self.runtime.spawn(sender.send_all(outgoing))), n)
@@ -231,6 +231,16 @@ impl Sink for NatsSink {
     fn notice(&self) -> Option<String> {
         self.limits_differ.clone()
     }
+
+    /// The client's own view of its connection (async-nats `Client::connection_state`, a read of
+    /// the state its connection task keeps): anything but Connected is a lost connection, which the
+    /// client may be retrying; the worker drops it and reconnects itself.
+    fn health(&self) -> Option<Result<(), String>> {
+        Some(match self.client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(format!("the NATS connection is lost (client state: {state})")),
+        })
+    }
 }
 
 /// Everything the runtime's thread needs to send a batch, owned: no Postgres call is made there.
@@ -242,7 +252,7 @@ struct Sender {
     legacy: bool,
     resolutions: Vec<u8>,
     envelope: Envelope,
-    database: String,
+    source: Source,
 }
 
 impl Sender {
@@ -275,7 +285,7 @@ impl Sender {
                         continue;
                     }
                 };
-                let headers = |message| headers(self.envelope, &self.database, &self.prefix, row, message);
+                let headers = |message| headers(self.envelope, &self.source, &self.prefix, row, message);
                 let event = send(js, timeout, max_payload, headers(Message::Event), subjects.event, &row.event_id, body.clone()).await;
                 // The departure notice goes out beside the event, under its own message id, so
                 // that dedup keeps one of each; the row counts as delivered only with both PubAcks.
@@ -348,7 +358,7 @@ impl NatsSink {
         {
             let reference = GeometryRef { bucket: self.bucket.bucket.clone(), name: row.event_id.clone(), size: info.size };
             let as_stored = Row { geometry_version: Some(version), ..row.clone() };
-            return event::to_json_by_ref(&as_stored, relayed_at, &reference).map_err(Outcome::RowFailed);
+            return event::to_json_by_ref(&self.source, &as_stored, relayed_at, &reference).map_err(Outcome::RowFailed);
         }
         let object = match event::geometry_json(row) {
             Ok(Some(object)) => object,
@@ -371,7 +381,7 @@ impl NatsSink {
             Err(_) => return Err(sink_failed(format!("storing the geometry in object bucket {} timed out", self.bucket.bucket))),
         }
         let reference = GeometryRef { bucket: self.bucket.bucket.clone(), name: row.event_id.clone(), size: object.len() };
-        event::to_json_by_ref(row, relayed_at, &reference).map_err(Outcome::RowFailed)
+        event::to_json_by_ref(&self.source, row, relayed_at, &reference).map_err(Outcome::RowFailed)
     }
 }
 
@@ -452,15 +462,16 @@ async fn send(
 
 /// This project's headers of one message of `row`, then the trace context and, under the
 /// cloudevents envelope, the CloudEvents attributes (src/cloudevents.rs).
-fn headers(envelope: Envelope, database: &str, prefix: &str, row: &Row, message: Message) -> HeaderMap {
+fn headers(envelope: Envelope, source: &Source, prefix: &str, row: &Row, message: Message) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert("Feature-Id", row.key().as_str());
     h.insert("Feature-Version", row.feature_version.to_string().as_str());
-    h.insert(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(database).as_str());
+    h.insert(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(&source.database).as_str());
+    h.insert(cloudevents::DATABASE_ID_HEADER, source.database_id.as_str());
     if let Some(prev) = &row.previous_routing_key {
         h.insert("Previous-Routing-Key", prev.as_str());
     }
-    for (name, value) in cloudevents::headers(envelope, Binding::Nats, database, prefix, row, message) {
+    for (name, value) in cloudevents::headers(envelope, Binding::Nats, source, prefix, row, message) {
         h.insert(name, value.as_str());
     }
     h

@@ -89,6 +89,10 @@ const DEPARTED: &str = "departed";
 struct Event {
     schema_version: i32,
     event_id: String,
+    #[serde(default)]
+    database: String, // the database whose outbox this is, by name (0.4.0)
+    #[serde(default)]
+    database_id: String, // its identity (0.4.0): the first part of the consumer's key (book, Events)
     layer: String,  // the layer (table) the feature belongs to; feature ids are unique per layer
     #[serde(default)]
     registration_id: i64, // the layer's registration: a table registered again under the name gets a higher one
@@ -122,7 +126,7 @@ struct GeometryRef {
 #[derive(Default)]
 struct Consumer {
     seen: HashSet<String>,           // event_ids processed: the deduplication key
-    latest: HashMap<(String, i64, String), i32>, // (layer, registration_id, feature_id) -> geometry_version applied
+    latest: HashMap<(String, String, i64, String), i32>, // the consumer's key (database_id, layer, registration_id, feature_id) -> geometry_version applied
     cells: HashMap<String, u64>,     // routing_key -> unique events
     by_action: HashMap<String, u64>,
     unique_events: u64,
@@ -200,8 +204,11 @@ impl Consumer {
         }
         // Ordering per feature is reconstructed here, not assumed: a geometry older than the one
         // already applied arrived late (another relay worker's batch) and must not overwrite it.
-        // Versions count per registration: a layer registered again starts again at 1.
-        let latest = self.latest.entry((event.layer.clone(), event.registration_id, event.feature_id.clone())).or_insert(0);
+        // Versions count per database and registration (the book's "consumer's key"): a layer
+        // registered again starts again at 1, and a copy of the database resolved as a new source
+        // has the same layer, registration and feature ids under another database_id.
+        let key = (event.database_id.clone(), event.layer.clone(), event.registration_id, event.feature_id.clone());
+        let latest = self.latest.entry(key).or_insert(0);
         if geometry_version < *latest {
             self.stale_dropped += 1;
             return Verdict::Stale;
@@ -508,7 +515,18 @@ mod tests {
         // An older geometry arriving late (another relay worker's batch) must not overwrite v3.
         assert!(matches!(feed(&mut c, event("c", 2, 2)), Verdict::Stale));
         assert_eq!((c.unique_events, c.duplicates, c.stale_dropped, c.later_geometry_seen), (3, 1, 1, 1));
-        assert_eq!((c.latest[&("parcels".to_string(), 0, "4471".to_string())], c.header_mismatches), (3, 0));
+        assert_eq!((c.latest[&(String::new(), "parcels".to_string(), 0, "4471".to_string())], c.header_mismatches), (3, 0));
+    }
+
+    #[test]
+    fn another_database_id_is_another_feature_and_not_stale() {
+        let mut c = Consumer::default();
+        assert!(matches!(feed(&mut c, event("a", 3, 3)), Verdict::Applied));
+        let (subject, headers, body) = event("b", 2, 2);
+        let mut v: Value = serde_json::from_slice(&body).unwrap();
+        v["database_id"] = json!("6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31");
+        assert!(matches!(c.process(&subject, Some(&headers), &serde_json::to_vec(&v).unwrap()), Verdict::Applied));
+        assert_eq!(c.stale_dropped, 0);
     }
 
     #[test]
