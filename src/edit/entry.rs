@@ -329,7 +329,8 @@ mod tests {
             let sources = PgList::<pg_sys::CachedPlanSource>::from_pg(pg_sys::SPI_plan_get_plan_sources(plan));
             let desc = (*sources.get_ptr(0).unwrap()).resultDesc;
             assert_eq!((*desc).natts, 1, "{sql} returns one column");
-            (*desc).attrs.as_slice(1)[0].atttypid
+            // Through PgTupleDesc: PostgreSQL 18 keeps attributes behind compact_attrs.
+            pgrx::PgTupleDesc::from_pg_unchecked(desc).get(0).map(|a| a.atttypid).unwrap_or(pg_sys::InvalidOid)
         })
     }
 
