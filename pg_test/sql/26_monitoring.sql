@@ -12,7 +12,7 @@ UPDATE feature_outbox.outbox SET row_failures = 1 WHERE layer = 'features' AND f
 
 -- metrics(): the samples, with the values that vary masked.
 SELECT right(feature_outbox.metrics(), 1) = E'\n' AS ends_with_newline;
-SELECT CASE WHEN l ~ '^outbox_(oldest_unpublished_age_seconds|relay_workers_running|vacuum_held_for_seconds|oldest_parked_age_seconds)\{'
+SELECT CASE WHEN l ~ '^outbox_(oldest_unpublished_age_seconds|relay_workers_running|vacuum_held_for_seconds|oldest_parked_age_seconds|sink_up|sink_errors_total|sink_last_success_timestamp_seconds)\{'
             THEN regexp_replace(l, ' \S+$', ' <varies>') ELSE l END AS metrics
   FROM regexp_split_to_table(rtrim(feature_outbox.metrics(), E'\n'), E'\n') WITH ORDINALITY AS m(l, n)
  WHERE l NOT LIKE '# HELP %' ORDER BY n;
