@@ -109,7 +109,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     user_layer boolean := p_layer IS DISTINCT FROM 'features';
-    lay record;           -- a user layer's layer_registry row, and has_state: its feature has a state row
+    lay record;           -- a user layer's layer_registry row; has_state: its feature has a state row; expires: it has an expire output
     v_res integer;        -- feature_outbox.h3_resolution
     v_srid integer;
     crs text;             -- auth_name:auth_srid of a source SRID other than 4326
@@ -136,6 +136,7 @@ DECLARE
     keys text[];          -- the keys of p_properties
     r text[];             -- a row read from the layer's table, as the caller
     n bigint;
+    expires boolean;      -- the layer is attached to an expire output (sql/tiles.sql)
 BEGIN
     IF p_geom IS NULL AND p_wkb IS NOT NULL THEN  -- the GeoJSON form
         p_geom := ST_GeomFromEWKB(p_wkb);
@@ -155,7 +156,8 @@ BEGIN
         IF pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer)) IS NULL THEN END IF;
         SELECT r.tbl, r.id_column, r.geometry_column, r.version_column, r.properties, r.retired_column, r.srid,
                r.geometry_type, r.id_type,
-               EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state
+               EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state,
+               EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = p_layer) AS expires
           INTO lay FROM layer_registry r WHERE r.layer = p_layer;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
@@ -563,6 +565,15 @@ BEGIN
         END IF;
     END IF;
 
+    -- Tile expiry (sql/tiles.sql): a layer attached to an expire output keeps this edit's shapes.
+    IF user_layer THEN
+        expires := lay.expires;
+    ELSE
+        expires := EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = 'features');
+    END IF;
+    IF expires THEN
+        PERFORM _tile_keep(currval('outbox_id_seq'), ST_AsBinary(g));
+    END IF;
     IF _wake_relay_for(p_feature_id) IS NULL THEN END IF;  -- sets the owning relay worker's latch if and when this commits
     RETURN new_version;
 END

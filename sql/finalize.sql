@@ -50,8 +50,16 @@ REVOKE ALL ON FUNCTION metrics() FROM PUBLIC;
 REVOKE ALL ON FUNCTION resolve_copy(text, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _identity_check() FROM PUBLIC;
 REVOKE ALL ON FUNCTION _identity_here() FROM PUBLIC;
+REVOKE ALL ON FUNCTION define_expire_output(text, integer, integer, text, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION drop_expire_output(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION expire_layer(text, text, text, float8, float8, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION unexpire_layer(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _tile_keep(bigint, bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _expire_table(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION metrics() TO pg_monitor;
+GRANT SELECT ON expire_backlog TO pg_monitor;
 REVOKE ALL ON TABLE features, outbox, feature_state, feature_keys, layer_registry, database_identity FROM PUBLIC;
+REVOKE ALL ON TABLE expire_outputs, expire_rules, tile_shapes, tile_queue, expire_progress, expire_backlog FROM PUBLIC;
 -- Anyone may list the layers; register_layer checks that the caller owns the table.
 GRANT SELECT ON layers TO PUBLIC;
 GRANT USAGE ON SCHEMA feature_outbox TO PUBLIC;

@@ -28,6 +28,7 @@ mod subxact;
 mod trace_context;
 mod utility_hook;
 mod cloudevents;
+mod tiles;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -85,6 +86,18 @@ extension_sql_file!(
 );
 extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);
+extension_sql_file!(
+    "../sql/tiles.sql",
+    name = "tiles",
+    requires = [
+        "edit",
+        "layers",
+        tiles::functions::_tiles_touched,
+        tiles::functions::_tiles_changed,
+        tiles::functions::_expire_rule_check,
+        relay_state::_wake_relay_at_commit
+    ]
+);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

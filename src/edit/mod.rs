@@ -19,7 +19,7 @@ pub mod layers;
 mod polar;
 pub mod entry;
 
-fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
+pub(crate) fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
     match r {
         Ok(v) => v,
         Err(e) => {

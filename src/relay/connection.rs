@@ -34,6 +34,14 @@ fn config() -> SinkConfig {
 }
 
 impl Connection {
+    /// The sink as connected now, without connecting: for the tile step, which never waits for one.
+    pub fn connected(&mut self) -> Option<&mut dyn Sink> {
+        match &mut self.current {
+            Some((_, sink)) => Some(&mut **sink),
+            None => None,
+        }
+    }
+
     /// The connected sink for the current settings, (re)connecting when they changed; true when it
     /// is a new connection (a batch read ahead may have been sent ahead to the old one). Connects
     /// outside any transaction, so a slow connect never holds row locks.

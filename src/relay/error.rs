@@ -15,6 +15,9 @@ pub enum RelayError {
     /// The database's extension is at another version than this library: the worker waits for
     /// ALTER EXTENSION UPDATE rather than run its SQL against an older schema.
     SchemaBehind { schema: String, library: &'static str },
+    /// An expire output's destination did not take its tiles (src/relay/expire.rs): that output
+    /// waits with a backoff; the events and other outputs go on.
+    Destination(String),
 }
 
 impl RelayError {
@@ -27,7 +30,7 @@ impl fmt::Display for RelayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RelayError::Sql(message) => f.write_str(message),
-            RelayError::SinkDown { reason, .. } => f.write_str(reason),
+            RelayError::SinkDown { reason, .. } | RelayError::Destination(reason) => f.write_str(reason),
             RelayError::SchemaBehind { schema, library } => write!(
                 f,
                 "the schema is at version {schema} and the library at {library}; waiting for ALTER EXTENSION feature_outbox UPDATE"

@@ -25,6 +25,7 @@ mod batch;
 mod claim;
 mod connection;
 mod error;
+mod expire;
 mod fault_points;
 mod housekeeping;
 mod low_water;

@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 use super::batch::{self, BatchEnd};
 use super::connection::Connection;
 use super::error::RelayError;
+use super::expire::ExpireStep;
 use super::housekeeping::{Housekeeping, Phase};
 use super::pipeline::Pipeline;
 use super::retries::Retries;
@@ -34,6 +35,7 @@ pub struct Worker {
     pipeline: Pipeline,
     housekeeping: Housekeeping,
     retries: Retries,
+    expire: ExpireStep,
 }
 
 impl Worker {
@@ -45,6 +47,7 @@ impl Worker {
             connection: Connection::default(),
             pipeline: Pipeline::default(),
             retries: Retries::default(),
+            expire: ExpireStep::default(),
         }
     }
 
@@ -85,7 +88,10 @@ impl Worker {
             }
             reload_if_asked();
             self.housekeeping.run_due(Phase::Draining, &self.me);
-            match self.batch() {
+            let end = self.batch();
+            // Tiles between batches too, a chunk per output, so a long drain never starves them.
+            self.expire.run_between_batches(&self.me, self.connection.connected());
+            match end {
                 Ok(BatchEnd::More) => continue,
                 Ok(BatchEnd::Drained) => break,
                 Err(RelayError::SinkDown { reason, retry_after }) => {
@@ -101,10 +107,16 @@ impl Worker {
                 }
             }
         }
+        while self.expire.run(&self.me, self.connection.connected()) {
+            if stopping() {
+                return Next::Stop;
+            }
+        }
         self.housekeeping.run_due(Phase::Idle, &self.me);
         self.me.set_state(WorkerState::Idle);
         let poll = poll_interval();
-        Next::Sleep(self.retries.wait(self.housekeeping.idle_wait(poll), poll))
+        let wait = self.retries.wait(self.housekeeping.idle_wait(poll), poll);
+        Next::Sleep(self.expire.next_try().map_or(wait, |t| wait.min(t.max(Duration::from_millis(10)))))
     }
 
     /// One batch through the connected sink, and its figures. A sink failure comes back as SinkDown.

@@ -75,27 +75,14 @@ impl Resolver for KeptAddresses {
 
 impl HttpSink {
     pub fn new(config: &SinkConfig) -> Result<HttpSink, String> {
-        let mut tls = TlsConfig::builder();
-        if let Some(path) = &config.tls_ca_file {
-            let pem = std::fs::read(path).map_err(|e| format!("cannot read feature_outbox.tls_ca_file {path}: {e}"))?;
-            let certs = ureq::tls::parse_pem(&pem)
-                .filter_map(|item| match item {
-                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                    _ => None,
-                })
-                .collect::<Vec<_>>();
-            if certs.is_empty() {
-                return Err(format!("feature_outbox.tls_ca_file {path} holds no PEM certificate"));
-            }
-            tls = tls.root_certs(RootCerts::new_with_certs(&certs));
-        }
+        let tls = tls_config(config.tls_ca_file.as_deref())?;
         let concurrency = config.http_concurrency.max(1);
         let agent_config = Agent::config_builder()
             .timeout_global(Some(config.publish_timeout))
             .max_redirects(0)
             .max_redirects_will_error(false)
             .http_status_as_error(false)
-            .tls_config(tls.build())
+            .tls_config(tls)
             .user_agent("feature_outbox relay")
             // One kept-alive connection per request in flight (ureq keeps 3 per host by default).
             .max_idle_connections(concurrency.max(10))
@@ -305,6 +292,26 @@ impl Sink for HttpSink {
 }
 
 /// `batch_` and the first 32 hex digits of SHA-256 over the batch's event ids, comma-separated.
+/// TLS for the relay's HTTP requests: the system's roots, or feature_outbox.tls_ca_file's
+/// certificates (a private CA) instead.
+pub fn tls_config(ca_file: Option<&str>) -> Result<TlsConfig, String> {
+    let mut tls = TlsConfig::builder();
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("cannot read feature_outbox.tls_ca_file {path}: {e}"))?;
+        let certs = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        if certs.is_empty() {
+            return Err(format!("feature_outbox.tls_ca_file {path} holds no PEM certificate"));
+        }
+        tls = tls.root_certs(RootCerts::new_with_certs(&certs));
+    }
+    Ok(tls.build())
+}
+
 fn batch_id<'a>(ids: impl Iterator<Item = &'a str>) -> String {
     let mut hash = Sha256::new();
     for (n, id) in ids.enumerate() {

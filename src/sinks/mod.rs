@@ -88,6 +88,19 @@ pub trait Sink {
         None
     }
 
+    /// Publishes an expire output's tile lists (osm2pgsql's `z/x/y` lines, src/tiles/list.rs) on
+    /// `subject`, into the JetStream stream `stream` (created for that subject when missing, apart
+    /// from the events' stream), each with `Nats-Msg-Id` `<msg_id>/<n>` and `headers`, and waits for
+    /// every PubAck. None (the default): this sink cannot carry tile lists.
+    fn publish_tile_lists(&mut self, _stream: &str, _subject: &str, _bodies: &[String], _msg_id: &str, _headers: &[(&str, String)]) -> Option<Result<(), String>> {
+        None
+    }
+
+    /// The largest message this sink's server takes, in bytes, for splitting tile lists.
+    fn max_message_bytes(&self) -> Option<usize> {
+        None
+    }
+
     /// Something about the destination the worker logs once after connecting (a JetStream stream
     /// found with other limits than the settings ask for).
     fn notice(&self) -> Option<String> {

@@ -33,6 +33,10 @@ pub struct NatsSink {
     objects: Option<object_store::ObjectStore>,
     /// Set when the stream existed with limits other than the settings ask for; the worker logs it.
     limits_differ: Option<String>,
+    /// Tile-list streams found or created on this connection.
+    tile_streams: std::collections::HashSet<String>,
+    replicas: usize,
+    duplicate_window: Duration,
 }
 
 /// Splits `scheme://[user[:password]@]host:port` into credentials and a credential-free address.
@@ -153,7 +157,7 @@ impl NatsSink {
             num_replicas: config.replicas,
             ..Default::default()
         };
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, source: config.source.clone(), timeout, bucket, objects: None, limits_differ })
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, source: config.source.clone(), timeout, bucket, objects: None, limits_differ, tile_streams: Default::default(), replicas: config.replicas, duplicate_window: config.duplicate_window })
     }
 
     /// Hands the batch to the runtime's thread, which builds each message (subjects, headers),
@@ -226,6 +230,57 @@ impl Sink for NatsSink {
         let pending = self.begin(rows, bodies, relayed_at);
         let runtime = self.runtime.handle().clone();
         Some(InFlight::new(move || pending.outcomes(&runtime)))
+    }
+
+    /// Tile lists go to a stream of their own: consumers of the events never see them, and a
+    /// tile pipeline subscribes to its subject alone (`nats sub --raw <subject> | render_expired`).
+    fn publish_tile_lists(&mut self, stream_name: &str, subject: &str, bodies: &[String], msg_id: &str, extra: &[(&str, String)]) -> Option<Result<(), String>> {
+        let (js, timeout) = (self.js.clone(), self.timeout);
+        let ensure = !self.tile_streams.contains(stream_name);
+        let wanted = stream::Config {
+            name: stream_name.to_string(),
+            subjects: vec![subject.to_string()],
+            duplicate_window: self.duplicate_window,
+            num_replicas: self.replicas,
+            max_age: self.bucket.max_age,
+            ..Default::default()
+        };
+        let sent = block_on(&self.runtime, async {
+            if ensure {
+                js.get_or_create_stream(wanted).await.map_err(|e| format!("cannot create or find JetStream stream {stream_name} for {subject}: {e}"))?;
+            }
+            let mut acks = Vec::new();
+            for (n, body) in bodies.iter().enumerate() {
+                let mut headers = HeaderMap::new();
+                for (name, value) in extra {
+                    headers.insert(*name, value.as_str());
+                }
+                let message = jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(body.clone()))
+                    .headers(headers)
+                    .message_id(format!("{msg_id}/{n}"));
+                let ack = tokio::time::timeout(timeout, js.send_publish(subject.to_string(), message))
+                    .await
+                    .map_err(|_| "tile list not accepted within feature_outbox.publish_timeout".to_string())?
+                    .map_err(|e| format!("publish tile list: {e}"))?;
+                acks.push(ack);
+            }
+            for ack in acks {
+                tokio::time::timeout(timeout, ack)
+                    .await
+                    .map_err(|_| "no PubAck for a tile list within feature_outbox.publish_timeout".to_string())?
+                    .map_err(|e| format!("no PubAck for a tile list: {e}"))?;
+            }
+            Ok::<_, String>(())
+        });
+        if sent.is_ok() {
+            self.tile_streams.insert(stream_name.to_string());
+        }
+        Some(sent)
+    }
+
+    fn max_message_bytes(&self) -> Option<usize> {
+        Some(self.client.server_info().max_payload)
     }
 
     fn notice(&self) -> Option<String> {

@@ -1,0 +1,305 @@
+-- Tile expiry: every edit of a layer attached to an expire output expires the Web Mercator XYZ tiles
+-- it changed, delivered at least once to the output's destinations (osm2pgsql's expire table, a
+-- NATS subject, an HTTP URL). The words are osm2pgsql's (manual, "Expire"): an output has a zoom
+-- range and destinations; a layer is attached to it with a mode, a buffer and diff_expire.
+--
+-- The edit keeps shapes, never tiles: a layer with an output keeps each feature's last shape
+-- (tile_shapes, EPSG:4326 WKB) and queues each edit's old and new shape once per output
+-- (tile_queue). The relay's workers turn queued edits into tiles outside the edit (src/tiles/,
+-- src/relay/expire.rs), merge them per batch, deliver them, and only then delete the queued rows.
+-- Layers without an output write nothing of this.
+
+CREATE TABLE IF NOT EXISTS expire_outputs (
+    name               text    PRIMARY KEY CHECK (name ~ '^[a-z0-9_-]{1,64}$'),
+    minzoom            integer NOT NULL,
+    maxzoom            integer NOT NULL,
+    -- osm2pgsql's expire table, schema-qualified and quoted as format('%I.%I') writes it.
+    expire_table       text,
+    subject            text,    -- a NATS subject for the tile lists (the relay's NATS endpoint)
+    url                text,    -- an HTTP endpoint each tile list is POSTed to (text/plain)
+    -- Tiles over all zooms one shape may expire before it falls back to its boundary.
+    max_tiles_geometry bigint  NOT NULL DEFAULT 100000 CHECK (max_tiles_geometry >= 1),
+    defined_at         timestamptz NOT NULL DEFAULT now(),
+    CHECK (0 <= minzoom AND minzoom <= maxzoom AND maxzoom <= 20),
+    CHECK (expire_table IS NOT NULL OR subject IS NOT NULL OR url IS NOT NULL)
+);
+COMMENT ON TABLE expire_outputs IS 'Expire outputs (osm2pgsql''s term): a zoom range and where the expired tiles go.';
+SELECT pg_catalog.pg_extension_config_dump('expire_outputs', '');
+
+CREATE TABLE IF NOT EXISTS expire_rules (
+    layer           text    NOT NULL REFERENCES layer_registry (layer) ON DELETE CASCADE,
+    output          text    NOT NULL REFERENCES expire_outputs (name) ON DELETE CASCADE,
+    mode            text    NOT NULL DEFAULT 'full-area' CHECK (mode IN ('full-area', 'boundary-only', 'hybrid')),
+    buffer          float8  NOT NULL DEFAULT 0.1 CHECK (buffer >= 0 AND buffer <= 1),
+    full_area_limit float8  CHECK ((mode = 'hybrid') = (full_area_limit IS NOT NULL)),
+    diff            boolean NOT NULL DEFAULT true,
+    PRIMARY KEY (layer, output)
+);
+COMMENT ON TABLE expire_rules IS 'Which layers expire tiles into which output, and how (osm2pgsql''s mode, buffer, full_area_limit, diff_expire).';
+SELECT pg_catalog.pg_extension_config_dump('expire_rules', '');
+
+-- The last shape of each feature of a layer with an output, so that the next edit (record_edit's
+-- too, whose row is already written) knows its old side.
+CREATE TABLE IF NOT EXISTS tile_shapes (
+    layer             text   NOT NULL,
+    feature_id        bigint NOT NULL,
+    shape             bytea  NOT NULL,  -- WKB, EPSG:4326 degrees, as the edit stored it
+    properties_digest uuid,             -- the edit's, to tell a move that changed attributes too
+    PRIMARY KEY (layer, feature_id)
+);
+SELECT pg_catalog.pg_extension_config_dump('tile_shapes', '');
+
+-- Edits whose tiles an output has yet to receive; deleted once its destinations took them.
+CREATE TABLE IF NOT EXISTS tile_queue (
+    output             text      NOT NULL,
+    outbox_id          bigint    NOT NULL,
+    layer              text      NOT NULL,
+    event_type         text      NOT NULL,
+    old_shape          bytea,    -- NULL for created and snapshot, and where it was never kept
+    new_shape          bytea,    -- NULL for retired
+    previous_bbox      float8[], -- the outbox row's: the fallback for an old shape never kept
+    properties_changed boolean   NOT NULL,
+    queued_at          timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (output, outbox_id)
+);
+SELECT pg_catalog.pg_extension_config_dump('tile_queue', '');
+
+-- Per output, what the relay delivered and how it went; written by the relay only.
+CREATE TABLE IF NOT EXISTS expire_progress (
+    output             text     PRIMARY KEY REFERENCES expire_outputs (name) ON DELETE CASCADE,
+    tiles_by_zoom      bigint[] NOT NULL DEFAULT array_fill(0::bigint, ARRAY[21]),  -- [1] is zoom 0
+    edits              bigint   NOT NULL DEFAULT 0,
+    lists_sent         bigint   NOT NULL DEFAULT 0,
+    boundary_fallbacks bigint   NOT NULL DEFAULT 0,  -- shapes over max_tiles_geometry
+    dropped_zooms      bigint   NOT NULL DEFAULT 0,  -- shapes whose boundary was over it too
+    box_fallbacks      bigint   NOT NULL DEFAULT 0,  -- old sides never kept: their box instead
+    last_sent_at       timestamptz,
+    last_error         text,
+    last_error_at      timestamptz
+);
+
+-- Queues an edit's shapes for each output its layer is attached to, and keeps the feature's new
+-- shape. Called by _edit after it wrote outbox row p_outbox_id, for layers with an output only;
+-- p_new is the stored geometry as EPSG:4326 WKB (NULL when the edit carried none).
+CREATE OR REPLACE FUNCTION _tile_keep(p_outbox_id bigint, p_new bytea) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    o record;
+    kept record;
+BEGIN
+    SELECT b.layer, b.feature_id, b.event_type, b.previous_bbox, b.properties_digest INTO o FROM outbox b WHERE b.id = p_outbox_id;
+    SELECT s.shape, s.properties_digest INTO kept FROM tile_shapes s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
+    INSERT INTO tile_queue (output, outbox_id, layer, event_type, old_shape, new_shape, previous_bbox, properties_changed)
+    SELECT r.output, p_outbox_id, o.layer, o.event_type,
+           CASE WHEN o.event_type IN ('created', 'snapshot') THEN NULL
+                WHEN o.event_type = 'retired' THEN coalesce(kept.shape, p_new) ELSE kept.shape END,
+           CASE WHEN o.event_type = 'retired' THEN NULL ELSE coalesce(p_new, kept.shape) END,
+           o.previous_bbox, kept.properties_digest IS DISTINCT FROM o.properties_digest
+      FROM expire_rules r WHERE r.layer = o.layer;
+    IF o.event_type = 'retired' THEN
+        DELETE FROM tile_shapes s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
+    ELSIF coalesce(p_new, kept.shape) IS NOT NULL THEN
+        INSERT INTO tile_shapes AS s (layer, feature_id, shape, properties_digest)
+        VALUES (o.layer, o.feature_id, coalesce(p_new, kept.shape), o.properties_digest)
+        ON CONFLICT (layer, feature_id) DO UPDATE SET shape = EXCLUDED.shape, properties_digest = EXCLUDED.properties_digest;
+    END IF;
+END
+$$;
+
+-- osm2pgsql's expire table: columns zoom, x, y, first, last and PRIMARY KEY (zoom, x, y), created
+-- when missing; an existing table must have those columns and that key (42P16 otherwise).
+CREATE OR REPLACE FUNCTION _expire_table(p_table text) RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    parts text[];
+    rel regclass;
+    missing text;
+BEGIN
+    BEGIN
+        parts := parse_ident(p_table);
+    EXCEPTION WHEN invalid_parameter_value THEN
+        parts := NULL;
+    END;
+    IF parts IS NULL OR cardinality(parts) <> 2 THEN
+        RAISE EXCEPTION 'expire table % is not a schema-qualified table name', quote_literal(p_table) USING ERRCODE = '22023',
+            HINT = 'Name it with its schema, e.g. ''public.expire_tiles''.';
+    END IF;
+    IF to_regnamespace(quote_ident(parts[1])) IS NULL THEN
+        RAISE EXCEPTION 'schema % does not exist', quote_ident(parts[1]) USING ERRCODE = '3F000';
+    END IF;
+    EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I (zoom int4 NOT NULL, x int4 NOT NULL, y int4 NOT NULL,'
+                   ' first timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0),'
+                   ' last timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0), PRIMARY KEY (zoom, x, y))', parts[1], parts[2]);
+    rel := format('%I.%I', parts[1], parts[2])::regclass;
+    SELECT string_agg(c, ', ') INTO missing FROM unnest(ARRAY['zoom', 'x', 'y', 'first', 'last']) c
+     WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c AND NOT a.attisdropped);
+    IF missing IS NOT NULL OR NOT EXISTS (
+           SELECT 1 FROM pg_index i WHERE i.indrelid = rel AND i.indisunique AND i.indnkeyatts = 3
+              AND (SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n)
+                     JOIN pg_attribute a ON a.attrelid = rel AND a.attnum = k.attnum) = ARRAY['zoom', 'x', 'y']) THEN
+        RAISE EXCEPTION 'table % is not an expire table', rel USING ERRCODE = '42P16',
+            DETAIL = coalesce(format('It lacks the columns %s.', missing), 'It has no unique key on (zoom, x, y).'),
+            HINT = 'osm2pgsql''s expire table has columns zoom, x, y (int4), first and last (timestamptz) and PRIMARY KEY (zoom, x, y); name a new table and it is created so.';
+    END IF;
+    RETURN format('%I.%I', parts[1], parts[2]);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION define_expire_output(name text, maxzoom integer, minzoom integer DEFAULT 0, "table" text DEFAULT NULL,
+                                                subject text DEFAULT NULL, url text DEFAULT NULL,
+                                                max_tiles_geometry bigint DEFAULT 100000) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    prefix text := current_setting('feature_outbox.nats_subject_prefix');
+BEGIN
+    IF name IS NULL OR name !~ '^[a-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'expire output name % is not valid', coalesce(quote_literal(name), 'NULL') USING ERRCODE = '22023',
+            HINT = 'Use 1 to 64 characters of a-z, 0-9, _ and -.';
+    END IF;
+    -- Zooms, and the tile limit, as the relay will read them (22023 with the reason).
+    PERFORM _expire_rule_check(coalesce(minzoom, -1), coalesce(maxzoom, -1), 0.1, 'full-area', NULL, coalesce(max_tiles_geometry, 0));
+    IF "table" IS NULL AND subject IS NULL AND url IS NULL THEN
+        RAISE EXCEPTION 'expire output % has no destination', name USING ERRCODE = '22023',
+            HINT = 'Give a table (osm2pgsql''s expire table), a NATS subject, a URL, or any of them.';
+    END IF;
+    IF subject IS NOT NULL AND (subject !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' OR length(subject) > 255) THEN
+        RAISE EXCEPTION 'subject % is not a NATS subject for publishing', quote_literal(subject) USING ERRCODE = '22023',
+            HINT = 'Tokens of letters, digits, _ and - separated by dots, without wildcards, e.g. ''tiles.parcels''.';
+    END IF;
+    IF subject = prefix OR starts_with(subject, prefix || '.') THEN
+        RAISE EXCEPTION 'subject % lies under the events'' subjects (%.>)', quote_literal(subject), prefix USING ERRCODE = '22023',
+            HINT = 'Tile lists go to a JetStream stream of their own; pick a subject outside feature_outbox.nats_subject_prefix.';
+    END IF;
+    IF url IS NOT NULL AND url !~* '^https?://[^/\s]+' THEN
+        RAISE EXCEPTION 'url % is not an http:// or https:// URL', quote_literal(url) USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO expire_outputs AS o (name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry)
+    VALUES (define_expire_output.name, minzoom, maxzoom, CASE WHEN "table" IS NOT NULL THEN _expire_table("table") END,
+            subject, url, max_tiles_geometry)
+    ON CONFLICT ON CONSTRAINT expire_outputs_pkey DO UPDATE
+       SET minzoom = EXCLUDED.minzoom, maxzoom = EXCLUDED.maxzoom, expire_table = EXCLUDED.expire_table,
+           subject = EXCLUDED.subject, url = EXCLUDED.url, max_tiles_geometry = EXCLUDED.max_tiles_geometry;
+    INSERT INTO expire_progress (output) VALUES (define_expire_output.name) ON CONFLICT DO NOTHING;
+    IF _wake_relay_at_commit() IS NULL THEN END IF;
+END
+$$;
+COMMENT ON FUNCTION define_expire_output(text, integer, integer, text, text, text, bigint) IS
+    'Defines (or redefines, keeping its waiting tiles) an expire output: zooms minzoom..maxzoom (0-20) and any of osm2pgsql''s expire table, a NATS subject and an HTTP URL.';
+
+CREATE OR REPLACE FUNCTION drop_expire_output(name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    waiting bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM expire_outputs o WHERE o.name = drop_expire_output.name) THEN
+        RAISE EXCEPTION 'expire output % does not exist', coalesce(quote_literal(name), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Outputs: %s.', coalesce((SELECT string_agg(o.name, ', ' ORDER BY o.name) FROM expire_outputs o), 'none'));
+    END IF;
+    DELETE FROM tile_queue q WHERE q.output = drop_expire_output.name;
+    GET DIAGNOSTICS waiting = ROW_COUNT;
+    DELETE FROM expire_outputs o WHERE o.name = drop_expire_output.name;  -- its rules and progress go with it
+    DELETE FROM tile_shapes s WHERE NOT EXISTS (SELECT 1 FROM expire_rules r WHERE r.layer = s.layer);
+    RETURN waiting;
+END
+$$;
+COMMENT ON FUNCTION drop_expire_output(text) IS
+    'Drops an expire output with its layers'' rules; returns how many edits'' tiles it had yet to deliver (dropped with it). Its expire table is left as it is.';
+
+CREATE OR REPLACE FUNCTION expire_layer(layer text, output text, mode text DEFAULT 'full-area', buffer float8 DEFAULT 0.1,
+                                        full_area_limit float8 DEFAULT NULL, diff boolean DEFAULT true) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM layer_registry r WHERE r.layer = expire_layer.layer) THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(r.layer, ', ' ORDER BY r.layer) FROM layer_registry r));
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM expire_outputs o WHERE o.name = expire_layer.output) THEN
+        RAISE EXCEPTION 'expire output % does not exist', coalesce(quote_literal(output), 'NULL') USING ERRCODE = '42704',
+            HINT = 'Define it first with define_expire_output().';
+    END IF;
+    PERFORM _expire_rule_check(0, 0, coalesce(buffer, -1), coalesce(mode, ''), full_area_limit, 1);
+    -- The layer's first output: shapes kept by an earlier attachment are stale.
+    IF NOT EXISTS (SELECT 1 FROM expire_rules r WHERE r.layer = expire_layer.layer) THEN
+        DELETE FROM tile_shapes s WHERE s.layer = expire_layer.layer;
+    END IF;
+    INSERT INTO expire_rules AS r (layer, output, mode, buffer, full_area_limit, diff)
+    VALUES (layer, output, mode, buffer, full_area_limit, coalesce(diff, true))
+    ON CONFLICT ON CONSTRAINT expire_rules_pkey DO UPDATE
+       SET mode = EXCLUDED.mode, buffer = EXCLUDED.buffer, full_area_limit = EXCLUDED.full_area_limit, diff = EXCLUDED.diff;
+END
+$$;
+COMMENT ON FUNCTION expire_layer(text, text, text, float8, float8, boolean) IS
+    'Attaches a layer to an expire output: each later edit expires its tiles there (mode full-area, boundary-only or hybrid; buffer a fraction of a tile; diff: moves expire the symmetric difference).';
+
+CREATE OR REPLACE FUNCTION unexpire_layer(layer text, output text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    DELETE FROM expire_rules r WHERE r.layer = unexpire_layer.layer AND r.output = unexpire_layer.output;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not attached to expire output %', coalesce(quote_literal(layer), 'NULL'),
+            coalesce(quote_literal(output), 'NULL') USING ERRCODE = '42704';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM expire_rules r WHERE r.layer = unexpire_layer.layer) THEN
+        DELETE FROM tile_shapes s WHERE s.layer = unexpire_layer.layer;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION unexpire_layer(text, text) IS
+    'Detaches a layer from an expire output; edits queued before still deliver their tiles.';
+
+-- The tile math on its own, for a look at what an output would expire (osm2pgsql-expire's job).
+CREATE OR REPLACE FUNCTION tiles_touched(shape geometry, maxzoom integer, minzoom integer DEFAULT 0, buffer float8 DEFAULT 0.1,
+                                         mode text DEFAULT 'full-area', full_area_limit float8 DEFAULT NULL,
+                                         max_tiles_geometry bigint DEFAULT 100000)
+RETURNS TABLE (zoom integer, x integer, y integer)
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT * FROM _tiles_touched(ST_AsBinary(_tiles_lonlat(shape)), maxzoom, minzoom, buffer, mode, full_area_limit, max_tiles_geometry)
+$$;
+COMMENT ON FUNCTION tiles_touched(geometry, integer, integer, float8, text, float8, bigint) IS
+    'The XYZ tiles (Web Mercator, y from the north) a shape touches at zooms minzoom..maxzoom, each tile grown by buffer x its width.';
+
+CREATE OR REPLACE FUNCTION tiles_changed(old geometry, new geometry, maxzoom integer, minzoom integer DEFAULT 0,
+                                         buffer float8 DEFAULT 0.1, mode text DEFAULT 'full-area',
+                                         full_area_limit float8 DEFAULT NULL, diff boolean DEFAULT true,
+                                         max_tiles_geometry bigint DEFAULT 100000)
+RETURNS TABLE (zoom integer, x integer, y integer)
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT * FROM _tiles_changed(ST_AsBinary(_tiles_lonlat(old)), ST_AsBinary(_tiles_lonlat(new)), maxzoom, minzoom, buffer, mode,
+                                 full_area_limit, diff, max_tiles_geometry)
+$$;
+COMMENT ON FUNCTION tiles_changed(geometry, geometry, integer, integer, float8, text, float8, boolean, bigint) IS
+    'The XYZ tiles a move from old to new expires: with diff, those their symmetric difference touches; without, those either touches.';
+
+-- A shape in EPSG:4326, 2-D; SRID 0 is refused as the edit path refuses it.
+CREATE OR REPLACE FUNCTION _tiles_lonlat(g geometry) RETURNS geometry
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF g IS NULL THEN
+        RAISE EXCEPTION 'shape must not be NULL' USING ERRCODE = '22004';
+    ELSIF ST_SRID(g) = 0 THEN
+        RAISE EXCEPTION 'geometry has SRID 0 (unknown coordinate system)' USING ERRCODE = '22023',
+            HINT = 'Give it one, e.g. ST_SetSRID(geom, 4326) for longitude/latitude in degrees.';
+    END IF;
+    RETURN ST_Force2D(CASE WHEN ST_SRID(g) = 4326 THEN g ELSE ST_Transform(g, 4326) END);
+END
+$$;
+
+-- What each output has delivered and what waits for it.
+CREATE OR REPLACE VIEW expire_backlog AS
+SELECT o.name AS output, o.minzoom, o.maxzoom, o.expire_table, o.subject, o.url,
+       (SELECT count(*) FROM tile_queue q WHERE q.output = o.name) AS waiting_edits,
+       (SELECT now() - min(q.queued_at) FROM tile_queue q WHERE q.output = o.name) AS oldest_waiting_age,
+       p.edits, (SELECT sum(t) FROM unnest(p.tiles_by_zoom) t)::bigint AS tiles_expired, p.tiles_by_zoom, p.lists_sent,
+       p.boundary_fallbacks, p.dropped_zooms, p.box_fallbacks, p.last_sent_at, p.last_error, p.last_error_at
+  FROM expire_outputs o LEFT JOIN expire_progress p ON p.output = o.name;
+COMMENT ON VIEW expire_backlog IS
+    'Per expire output: edits whose tiles wait, the oldest''s age, tiles expired by zoom (tiles_by_zoom[1] is zoom 0), lists sent, limits hit, the last error.';

@@ -1,0 +1,307 @@
+//! Tile expiry: the Web Mercator XYZ tiles an edit changed, in osm2pgsql's terms (expire outputs,
+//! modes `full-area`, `boundary-only` and `hybrid`, a buffer as a fraction of a tile, `diff_expire`,
+//! `max_tiles_geometry`; osm2pgsql manual, "Expire"). Pure Rust: the relay reads the stored shapes
+//! and hands them here; nothing in this module touches Postgres.
+
+pub mod cover;
+pub mod diff;
+pub mod functions;
+pub mod http_post;
+pub mod list;
+pub mod mercator;
+pub mod shape;
+
+use cover::{Collector, cover};
+use crate::input_error::{Code, InputError};
+use shape::{Shape, Xy};
+
+/// The deepest zoom an output may ask for (osm2pgsql's limit too).
+pub const MAX_ZOOM: u8 = 20;
+
+/// One XYZ tile: y counted from the north. Ordered by (zoom, x, y), the expire table's key order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tile {
+    pub zoom: u8,
+    pub x: u32,
+    pub y: u32,
+}
+
+/// How a polygon expires (osm2pgsql's `mode`). Points and lines expire the same in every mode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// The tiles of the polygon's area.
+    FullArea,
+    /// The tiles of its rings only.
+    BoundaryOnly,
+    /// Full area when the polygon's box is at most `full_area_limit_m` wide and high in EPSG:3857
+    /// metres, its rings only when larger (osm2pgsql's `full_area_limit`).
+    Hybrid { full_area_limit_m: f64 },
+}
+
+impl Mode {
+    /// Parses osm2pgsql's mode names; `hybrid` needs its limit in EPSG:3857 metres.
+    pub fn parse(name: &str, full_area_limit_m: Option<f64>) -> Option<Mode> {
+        match (name, full_area_limit_m) {
+            ("full-area", _) => Some(Mode::FullArea),
+            ("boundary-only", _) => Some(Mode::BoundaryOnly),
+            ("hybrid", Some(l)) if l.is_finite() && l >= 0.0 => Some(Mode::Hybrid { full_area_limit_m: l }),
+            _ => None,
+        }
+    }
+
+    /// Whether a polygon (rings in world units) expires its area.
+    pub fn full_area(&self, rings: &[Vec<Xy>]) -> bool {
+        match *self {
+            Mode::FullArea => true,
+            Mode::BoundaryOnly => false,
+            Mode::Hybrid { full_area_limit_m } => {
+                let s = Shape { polygons: vec![rings.to_vec()], ..Default::default() };
+                s.bounds().is_some_and(|b| {
+                    let w = (b[2] - b[0]) * mercator::WORLD_WIDTH_M;
+                    let h = (b[3] - b[1]) * mercator::WORLD_WIDTH_M;
+                    w <= full_area_limit_m && h <= full_area_limit_m
+                })
+            }
+        }
+    }
+}
+
+/// An output's rule for one layer: zooms, buffer, mode, difference on moves, and the tile limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rule {
+    pub minzoom: u8,
+    pub maxzoom: u8,
+    /// A fraction of a tile's width added on every side (osm2pgsql's `buffer`; 0.1 = 10 %).
+    pub buffer: f64,
+    pub mode: Mode,
+    /// Moves expire the tiles of the symmetric difference only (osm2pgsql's `diff_expire`).
+    pub diff: bool,
+    /// Tiles over all zooms one shape may expire before it falls back to its boundary.
+    pub max_tiles_geometry: usize,
+}
+
+impl Rule {
+    /// A rule from SQL arguments, checked: zooms within 0–20 and `minzoom <= maxzoom`, a finite
+    /// buffer within [0, 1] tiles, osm2pgsql's mode names, `full_area_limit` (EPSG:3857 metres) for
+    /// `hybrid` only, and a tile limit of at least 1. Each refusal is 22023 with the reason.
+    pub fn checked(
+        minzoom: i32,
+        maxzoom: i32,
+        buffer: f64,
+        mode: &str,
+        full_area_limit_m: Option<f64>,
+        diff: bool,
+        max_tiles_geometry: i64,
+    ) -> Result<Rule, InputError> {
+        let bad = |m: String, h: &str| Err(InputError::new(Code::InvalidParameter, m).hint(h));
+        let zooms = format!("Zooms run from 0 to {MAX_ZOOM} (Web Mercator XYZ, as osm2pgsql's expire outputs).");
+        if !(0..=MAX_ZOOM as i32).contains(&maxzoom) {
+            return bad(format!("maxzoom {maxzoom} is outside 0–{MAX_ZOOM}"), &zooms);
+        }
+        if !(0..=maxzoom).contains(&minzoom) {
+            return bad(format!("minzoom {minzoom} is outside 0–{maxzoom} (maxzoom)"), &zooms);
+        }
+        if !(buffer.is_finite() && (0.0..=1.0).contains(&buffer)) {
+            return bad(format!("buffer {buffer} is outside 0–1"), "The buffer is a fraction of a tile's width added on every side: 0.1 is 10 %.");
+        }
+        if mode != "hybrid" && full_area_limit_m.is_some() {
+            return bad(format!("full_area_limit applies to mode 'hybrid', not '{mode}'"), "Give mode => 'hybrid' with it, or leave it out.");
+        }
+        let Some(mode) = Mode::parse(mode, full_area_limit_m) else {
+            return bad(
+                format!("unknown expire mode '{mode}'{}", if mode == "hybrid" { " without a full_area_limit" } else { "" }),
+                "Modes: 'full-area', 'boundary-only', or 'hybrid' with full_area_limit (the width or height of a polygon's box in EPSG:3857 metres up to which its whole area expires).",
+            );
+        };
+        if max_tiles_geometry < 1 {
+            return bad(format!("max_tiles_geometry {max_tiles_geometry} is below 1"), "It is the tiles, over all zooms, one shape may expire before it falls back to its boundary.");
+        }
+        Ok(Rule {
+            minzoom: minzoom as u8,
+            maxzoom: maxzoom as u8,
+            buffer,
+            mode,
+            diff,
+            max_tiles_geometry: usize::try_from(max_tiles_geometry).unwrap_or(usize::MAX),
+        })
+    }
+}
+
+/// What an event changed, with the shapes it is known by.
+pub enum Change<'a> {
+    /// `created`, `updated`, `snapshot`: the new shape's tiles.
+    New(&'a Shape),
+    /// `retired`: the old shape's tiles.
+    Old(&'a Shape),
+    /// `moved`: with `diff` and unchanged properties the difference's tiles, else both shapes'.
+    Moved { old: &'a Shape, new: &'a Shape, properties_changed: bool },
+}
+
+/// The tiles of one change, sorted and without duplicates, and what the limits did to them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Expired {
+    pub tiles: Vec<Tile>,
+    /// The shape was over `max_tiles_geometry`: only its boundary's tiles were expired.
+    pub fell_back_to_boundary: bool,
+    /// Even the boundary was over the limit: the zooms from this one up were not expired.
+    pub dropped_from_zoom: Option<u8>,
+    /// The polygon overlay failed: both shapes were expired whole.
+    pub overlay_failed: bool,
+}
+
+/// The tiles one change expires under `rule`.
+pub fn expire(change: &Change, rule: &Rule) -> Expired {
+    let mut overlay_failed = false;
+    let diffed;
+    let shapes: Vec<&Shape> = match change {
+        Change::New(s) | Change::Old(s) => vec![s],
+        Change::Moved { old, new, properties_changed } => {
+            match (rule.diff && !properties_changed).then(|| diff::symmetric_difference(old, new)) {
+                Some(Some(d)) => {
+                    diffed = d;
+                    vec![&diffed]
+                }
+                Some(None) => {
+                    overlay_failed = true;
+                    vec![old, new]
+                }
+                None => vec![old, new],
+            }
+        }
+    };
+    let mut out = cover_all(&shapes, rule, rule.mode);
+    out.overlay_failed = overlay_failed;
+    out
+}
+
+fn cover_all(shapes: &[&Shape], rule: &Rule, mode: Mode) -> Expired {
+    let limit = rule.max_tiles_geometry;
+    match covered(shapes, rule, mode, limit) {
+        Ok(tiles) => Expired { tiles, ..Default::default() },
+        Err(_) if mode != Mode::BoundaryOnly => {
+            let mut e = cover_all(shapes, rule, Mode::BoundaryOnly);
+            e.fell_back_to_boundary = true;
+            e
+        }
+        Err((tiles, zoom)) => Expired { tiles, fell_back_to_boundary: true, dropped_from_zoom: Some(zoom), overlay_failed: false },
+    }
+}
+
+/// Every zoom's tiles, or on going over `limit` the tiles of the zooms that fitted and the zoom
+/// that did not.
+fn covered(shapes: &[&Shape], rule: &Rule, mode: Mode, limit: usize) -> Result<Vec<Tile>, (Vec<Tile>, u8)> {
+    let mut all: Vec<Tile> = Vec::new();
+    for zoom in rule.minzoom..=rule.maxzoom.min(MAX_ZOOM) {
+        let mut this = Vec::new();
+        // Duplicates are pushed before they are merged: allow some, then count what is distinct.
+        let cap = (limit - all.len()).saturating_mul(4).saturating_add(1024);
+        let over = {
+            let mut c = Collector::new(zoom, &mut this, cap);
+            shapes.iter().try_for_each(|s| cover(s, rule.buffer, mode, &mut c)).is_err()
+        };
+        this.sort_unstable();
+        this.dedup();
+        if over || all.len() + this.len() > limit {
+            return Err((all, zoom));
+        }
+        all.extend(this);
+    }
+    Ok(all)
+}
+
+/// A box `[west, south, east, north]` in EPSG:4326 degrees as a polygon shape (west > east across
+/// the antimeridian, RFC 7946 §5.2): the fallback when an event's old shape was never kept.
+pub fn box_shape(b: [f64; 4]) -> Shape {
+    let [w, s, e, n] = b;
+    let e = if e < w { e + 360.0 } else { e };
+    let c = |x: f64, y: f64| mercator::world_xy(x, y);
+    Shape { polygons: vec![vec![vec![c(w, s), c(e, s), c(e, n), c(w, n), c(w, s)]]], ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(maxzoom: u8) -> Rule {
+        Rule { minzoom: 0, maxzoom, buffer: 0.1, mode: Mode::FullArea, diff: true, max_tiles_geometry: 100_000 }
+    }
+
+    fn square(x0: f64, y0: f64, s: f64) -> Shape {
+        Shape { polygons: vec![vec![vec![[x0, y0], [x0 + s, y0], [x0 + s, y0 + s], [x0, y0 + s], [x0, y0]]]], ..Default::default() }
+    }
+
+    #[test]
+    fn tiles_are_sorted_by_key_without_duplicates() {
+        let e = expire(&Change::New(&square(0.3, 0.3, 0.01)), &rule(10));
+        let mut sorted = e.tiles.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(e.tiles, sorted);
+        assert_eq!(e.tiles[0], Tile { zoom: 0, x: 0, y: 0 });
+    }
+
+    /// A square of side `s` whose edges have `k` vertices each, as county rings have many.
+    fn fine_square(x0: f64, y0: f64, s: f64, k: usize) -> Shape {
+        let mut ring = Vec::new();
+        for side in 0..4 {
+            for i in 0..k {
+                let f = s * i as f64 / k as f64;
+                ring.push(match side {
+                    0 => [x0 + f, y0],
+                    1 => [x0 + s, y0 + f],
+                    2 => [x0 + s - f, y0 + s],
+                    _ => [x0, y0 + s - f],
+                });
+            }
+        }
+        ring.push(ring[0]);
+        Shape { polygons: vec![vec![ring]], ..Default::default() }
+    }
+
+    #[test]
+    fn one_moved_vertex_expires_only_tiles_near_it() {
+        let old = fine_square(0.3, 0.3, 0.01, 200);
+        let mut new = old.clone();
+        let v = old.polygons[0][0][100];
+        new.polygons[0][0][100] = [v[0] + 1e-6, v[1] + 2e-6];
+        let e = expire(&Change::Moved { old: &old, new: &new, properties_changed: false }, &rule(16));
+        let z16: Vec<_> = e.tiles.iter().filter(|t| t.zoom == 16).collect();
+        // The vertex's neighbours are 0.01 / 200 = 5e-5 world units away: about 3 tiles at zoom 16.
+        let (vx, vy) = (v[0] * 65536.0, v[1] * 65536.0);
+        assert!(!z16.is_empty() && z16.len() <= 16, "{}", z16.len());
+        assert!(z16.iter().all(|t| (t.x as f64 - vx).abs() <= 5.0 && (t.y as f64 - vy).abs() <= 5.0));
+        let whole = expire(&Change::Moved { old: &old, new: &new, properties_changed: true }, &rule(16));
+        assert!(e.tiles.iter().all(|t| whole.tiles.binary_search(t).is_ok()));
+        assert!(e.tiles.len() * 20 < whole.tiles.len(), "{} vs {}", e.tiles.len(), whole.tiles.len());
+    }
+
+    #[test]
+    fn over_the_limit_falls_back_to_the_boundary_then_drops_zooms_with_a_record() {
+        let big = square(0.1, 0.1, 0.5);
+        let mut r = rule(12);
+        r.max_tiles_geometry = 20_000;
+        let e = expire(&Change::New(&big), &r);
+        assert!(e.fell_back_to_boundary && e.dropped_from_zoom.is_none());
+        r.max_tiles_geometry = 2_000;
+        let e = expire(&Change::New(&big), &r);
+        assert!(e.fell_back_to_boundary);
+        let z = e.dropped_from_zoom.expect("zooms dropped");
+        assert!(e.tiles.iter().all(|t| t.zoom < z) && e.tiles.len() <= 2_000);
+    }
+
+    #[test]
+    fn mode_names_are_osm2pgsqls() {
+        assert_eq!(Mode::parse("full-area", None), Some(Mode::FullArea));
+        assert_eq!(Mode::parse("boundary-only", None), Some(Mode::BoundaryOnly));
+        assert_eq!(Mode::parse("hybrid", Some(20_000.0)), Some(Mode::Hybrid { full_area_limit_m: 20_000.0 }));
+        assert_eq!(Mode::parse("hybrid", None), None);
+        assert_eq!(Mode::parse("full_area", None), None);
+    }
+
+    #[test]
+    fn a_box_across_the_antimeridian_wraps_instead_of_spanning_the_world() {
+        let e = expire(&Change::New(&box_shape([179.0, -1.0, -179.0, 1.0])), &rule(3));
+        let z3: Vec<_> = e.tiles.iter().filter(|t| t.zoom == 3).map(|t| t.x).collect();
+        assert!(z3.iter().all(|&x| x == 0 || x == 7), "{z3:?}");
+    }
+}
