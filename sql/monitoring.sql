@@ -104,13 +104,38 @@ AS $$
         '# TYPE outbox_sink_last_success_timestamp_seconds gauge',
         (SELECT string_agg(format('outbox_sink_last_success_timestamp_seconds{%s,worker="%s"} %s', l.db, w.worker,
                                   coalesce(round(extract(epoch FROM w.sink_last_success_at), 3), 0)), E'\n' ORDER BY w.worker)
-           FROM _relay_workers() w)
+           FROM _relay_workers() w),
+        -- Expire outputs (0.4.0, sql/tiles.sql): one sample per output (and zoom); none without outputs.
+        '# HELP outbox_expire_tiles_total Tiles an expire output delivered, by zoom (each batch''s tiles merged first).',
+        '# TYPE outbox_expire_tiles_total counter',
+        (SELECT string_agg(format('outbox_expire_tiles_total{%s,output="%s",zoom="%s"} %s', l.db, e.output, z.i - 1, z.n), E'\n'
+                           ORDER BY e.output, z.i)
+           FROM expire_backlog e, unnest(e.tiles_by_zoom) WITH ORDINALITY z(n, i) WHERE z.i - 1 BETWEEN e.minzoom AND e.maxzoom),
+        '# HELP outbox_expire_lists_sent_total Tile lists an expire output sent (NATS messages, HTTP requests).',
+        '# TYPE outbox_expire_lists_sent_total counter',
+        (SELECT string_agg(format('outbox_expire_lists_sent_total{%s,output="%s"} %s', l.db, e.output, coalesce(e.lists_sent, 0)), E'\n' ORDER BY e.output)
+           FROM expire_backlog e),
+        '# HELP outbox_expire_waiting_edits Edits whose tiles an expire output has yet to deliver.',
+        '# TYPE outbox_expire_waiting_edits gauge',
+        (SELECT string_agg(format('outbox_expire_waiting_edits{%s,output="%s"} %s', l.db, e.output, e.waiting_edits), E'\n' ORDER BY e.output)
+           FROM expire_backlog e),
+        '# HELP outbox_expire_oldest_waiting_age_seconds Age of the oldest edit whose tiles an expire output has yet to deliver; 0 when none.',
+        '# TYPE outbox_expire_oldest_waiting_age_seconds gauge',
+        (SELECT string_agg(format('outbox_expire_oldest_waiting_age_seconds{%s,output="%s"} %s', l.db, e.output,
+                                  coalesce(round(extract(epoch FROM e.oldest_waiting_age), 3), 0)), E'\n' ORDER BY e.output)
+           FROM expire_backlog e),
+        '# HELP outbox_expire_fallbacks_total Shapes expired by a limit or fallback: over max_tiles_geometry (boundary), zooms dropped past it (dropped_zooms), an old shape never kept (box).',
+        '# TYPE outbox_expire_fallbacks_total counter',
+        (SELECT string_agg(format('outbox_expire_fallbacks_total{%s,output="%s",kind="%s"} %s', l.db, e.output, k.kind, k.n), E'\n'
+                           ORDER BY e.output, k.kind)
+           FROM expire_backlog e, LATERAL (VALUES ('boundary', coalesce(e.boundary_fallbacks, 0)), ('box', coalesce(e.box_fallbacks, 0)),
+                                                  ('dropped_zooms', coalesce(e.dropped_zooms, 0))) k(kind, n))
     ) || E'\n'
       FROM backlog b, _relay_status() s,
            LATERAL (SELECT format('database="%s"',
                                   replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
-COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, and per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds.';
+COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, and per expire output outbox_expire_*.';
 
 -- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
 -- for monitoring. Nothing in them is secret (errors never carry credentials).

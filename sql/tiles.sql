@@ -129,9 +129,11 @@ BEGIN
     IF to_regnamespace(quote_ident(parts[1])) IS NULL THEN
         RAISE EXCEPTION 'schema % does not exist', quote_ident(parts[1]) USING ERRCODE = '3F000';
     END IF;
-    EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I (zoom int4 NOT NULL, x int4 NOT NULL, y int4 NOT NULL,'
-                   ' first timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0),'
-                   ' last timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0), PRIMARY KEY (zoom, x, y))', parts[1], parts[2]);
+    IF to_regclass(format('%I.%I', parts[1], parts[2])) IS NULL THEN
+        EXECUTE format('CREATE TABLE %I.%I (zoom int4 NOT NULL, x int4 NOT NULL, y int4 NOT NULL,'
+                       ' first timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0),'
+                       ' last timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0), PRIMARY KEY (zoom, x, y))', parts[1], parts[2]);
+    END IF;
     rel := format('%I.%I', parts[1], parts[2])::regclass;
     SELECT string_agg(c, ', ') INTO missing FROM unnest(ARRAY['zoom', 'x', 'y', 'first', 'last']) c
      WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c AND NOT a.attisdropped);
@@ -159,8 +161,12 @@ BEGIN
         RAISE EXCEPTION 'expire output name % is not valid', coalesce(quote_literal(name), 'NULL') USING ERRCODE = '22023',
             HINT = 'Use 1 to 64 characters of a-z, 0-9, _ and -.';
     END IF;
+    IF maxzoom IS NULL OR minzoom IS NULL OR max_tiles_geometry IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN maxzoom IS NULL THEN 'maxzoom' WHEN minzoom IS NULL THEN 'minzoom'
+                                                   ELSE 'max_tiles_geometry' END USING ERRCODE = '22004';
+    END IF;
     -- Zooms, and the tile limit, as the relay will read them (22023 with the reason).
-    PERFORM _expire_rule_check(coalesce(minzoom, -1), coalesce(maxzoom, -1), 0.1, 'full-area', NULL, coalesce(max_tiles_geometry, 0));
+    PERFORM _expire_rule_check(minzoom, maxzoom, 0.1, 'full-area', NULL, max_tiles_geometry);
     IF "table" IS NULL AND subject IS NULL AND url IS NULL THEN
         RAISE EXCEPTION 'expire output % has no destination', name USING ERRCODE = '22023',
             HINT = 'Give a table (osm2pgsql''s expire table), a NATS subject, a URL, or any of them.';

@@ -63,6 +63,7 @@ extension_sql_file!(
     requires = [
         "edit",
         "layers",
+        "tiles",
         monitoring::_relay_workers,
         monitoring::_relay_status,
         monitoring::_relay_databases,

@@ -248,6 +248,9 @@ pub struct RelayShared {
     /// Fault injection (test builds): the next worker to get acknowledgements exits before marking.
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub crash_after_next_publish: bool,
+    /// Test builds: the next tile delivery exits before deleting its queued edits.
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub crash_after_next_tiles: bool,
 }
 
 impl Default for RelayShared {
@@ -257,6 +260,7 @@ impl Default for RelayShared {
             databases: [Database::default(); MAX_DATABASES],
             launcher_latch: 0,
             crash_after_next_publish: false,
+            crash_after_next_tiles: false,
         }
     }
 }

@@ -226,6 +226,7 @@ fn chunk(client: &mut SpiClient<'_>, output: &Output, sink: Option<&mut dyn Sink
     }
     let ids: Vec<i64> = rows.iter().map(|r| r.outbox_id).collect();
     figures.lists = deliver(client, output, sink, &tiles, &ids)?;
+    super::fault_points::crash_if_tiles_requested();
 
     let done = prepared(client, DONE_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID], true);
     client.update(&*done, None, &[output.name.as_str().into(), ids.into()])?;

@@ -19,6 +19,13 @@ mod enabled {
         RELAY.exclusive().crash_after_next_publish = true;
     }
 
+    /// The next tile delivery of an expire output exits after its destinations took the tiles
+    /// and before its queued edits are deleted (src/relay/expire.rs).
+    #[pg_extern(sql = false)]
+    fn _test_crash_after_next_tiles() {
+        RELAY.exclusive().crash_after_next_tiles = true;
+    }
+
     /// The worker's fresh claim, run in the caller's transaction: the ids of the outbox rows it
     /// claims (locked FOR UPDATE until the transaction ends) and keeps under the ordering rule,
     /// for every feature (one worker's partition of one), at most `batch_size`. The same code the
@@ -53,3 +60,16 @@ pub fn crash_if_requested(outcomes: &[Outcome]) {
 
 #[cfg(not(feature = "fault-injection"))]
 pub fn crash_if_requested(_outcomes: &[Outcome]) {}
+
+/// Exits between a tile delivery and the commit that deletes its queued edits, when a test asked.
+#[cfg(feature = "fault-injection")]
+pub fn crash_if_tiles_requested() {
+    let requested = std::mem::take(&mut crate::relay_state::RELAY.exclusive().crash_after_next_tiles);
+    if requested {
+        pgrx::log!("feature_outbox relay: fault injection: exiting after a tile delivery, before deleting its queued edits");
+        super::exit_process(1);
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn crash_if_tiles_requested() {}

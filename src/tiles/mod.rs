@@ -109,7 +109,7 @@ impl Rule {
         }
         let Some(mode) = Mode::parse(mode, full_area_limit_m) else {
             return bad(
-                format!("unknown expire mode '{mode}'{}", if mode == "hybrid" { " without a full_area_limit" } else { "" }),
+                if mode == "hybrid" { "mode 'hybrid' needs a full_area_limit".to_string() } else { format!("unknown expire mode '{mode}'") },
                 "Modes: 'full-area', 'boundary-only', or 'hybrid' with full_area_limit (the width or height of a polygon's box in EPSG:3857 metres up to which its whole area expires).",
             );
         };
