@@ -52,6 +52,7 @@ DECLARE
     locked bigint[];       -- the ones whose routing point lies in the area, state locked
     r text[];
     n bigint;
+    snapshots bigint[];    -- the outbox ids of the snapshots written
 BEGIN
     IF NOT has_function_privilege(caller, 'feature_outbox.backfill(text, geometry, bigint)', 'EXECUTE') THEN
         RAISE EXCEPTION 'permission denied for procedure backfill' USING ERRCODE = '42501',
@@ -171,17 +172,26 @@ BEGIN
         ckeys := locked::text[];
     END IF;
 
-    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest,
-                        feature_key)
-    SELECT s.feature_id, u.version, 'snapshot',
-           coalesce(_h3_cell(drifted_points[d.i][1], drifted_points[d.i][2], v_res), s.routing_key), p_layer, u.gd, u.pd,
-           CASE WHEN keyed THEN u.k END
-      FROM unnest(candidates, versions, gds, pds, ckeys) u(id, version, gd, pd, k)
-      JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
-      LEFT JOIN unnest(drifted) WITH ORDINALITY d(id, i) ON d.id = u.id
-     WHERE u.id = ANY(locked)
-     ORDER BY u.id;
-    GET DIAGNOSTICS n = ROW_COUNT;
+    WITH written AS (
+        INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest,
+                            feature_key)
+        SELECT s.feature_id, u.version, 'snapshot',
+               coalesce(_h3_cell(drifted_points[d.i][1], drifted_points[d.i][2], v_res), s.routing_key), p_layer, u.gd, u.pd,
+               CASE WHEN keyed THEN u.k END
+          FROM unnest(candidates, versions, gds, pds, ckeys) u(id, version, gd, pd, k)
+          JOIN feature_state s ON s.layer = p_layer AND s.feature_id = u.id
+          LEFT JOIN unnest(drifted) WITH ORDINALITY d(id, i) ON d.id = u.id
+         WHERE u.id = ANY(locked)
+         ORDER BY u.id
+        RETURNING id
+    )
+    SELECT array_agg(w.id) INTO snapshots FROM written w;
+    n := coalesce(cardinality(snapshots), 0);
+    -- A layer with an expire output (sql/tiles.sql): each snapshot expires its feature's tiles, by
+    -- its kept shape, or its box where none was kept.
+    IF n > 0 AND EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = p_layer) THEN
+        PERFORM _tile_keep(w.id, NULL) FROM unnest(snapshots) w(id);
+    END IF;
     -- A feature whose state this chunk started now has an event: the snapshot, with its digests.
     UPDATE feature_state s SET geometry_digest = u.gd, properties_digest = u.pd, version = u.version, last_event = 'snapshot'
       FROM unnest(candidates, versions, gds, pds) u(id, version, gd, pd)

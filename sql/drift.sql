@@ -300,6 +300,7 @@ BEGIN
                                     CASE WHEN s.h3_resolution = v_res THEN s.routing_key
                                          ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
                                     p_layer, s.bbox, s.feature_key);
+                            PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
                             PERFORM _wake_relay_for(s.feature_id);
                         END IF;
                 END CASE;

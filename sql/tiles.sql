@@ -90,6 +90,10 @@ DECLARE
 BEGIN
     SELECT b.layer, b.feature_id, b.event_type, b.previous_bbox, b.properties_digest INTO o FROM outbox b WHERE b.id = p_outbox_id;
     SELECT s.shape, s.properties_digest INTO kept FROM tile_shapes s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
+    IF p_new IS NULL AND kept.shape IS NULL AND o.previous_bbox IS NULL THEN
+        -- No shape at all (a snapshot of a feature never kept): its current box stands in.
+        SELECT s.bbox INTO o.previous_bbox FROM feature_state s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
+    END IF;
     INSERT INTO tile_queue (output, outbox_id, layer, event_type, old_shape, new_shape, previous_bbox, properties_changed)
     SELECT r.output, p_outbox_id, o.layer, o.event_type,
            CASE WHEN o.event_type IN ('created', 'snapshot') THEN NULL
