@@ -9,7 +9,9 @@
 #      bench/RESULTS.md as its section 7;
 #   4. bench/databases_bench.py: 3 databases x 1 worker beside 1 database x 3 workers, section 8;
 #   5. bench/bounds_bench.py: the relay and webhook drains again, with each process's CPU per event
-#      and the cores busy (the ceiling of a ratio that misses its target), section 9.
+#      and the cores busy (the ceiling of a ratio that misses its target), section 9;
+#   6. bench/tiles_bench.py: tile expiry's cost on the edit path and the relay, and the cover rate,
+#      section 10.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
@@ -20,3 +22,4 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a "$OUT"
 { printf '\n## 8. Many databases: 3 databases x 1 worker beside 1 database x 3 workers\n\n'; "$PY" bench/databases_bench.py; } | tee -a "$OUT"
 { printf '\n## 9. Where the relay is bounded: the CPU each drain costs, by process\n\n'; "$PY" bench/bounds_bench.py; } | tee -a "$OUT"
+{ printf '\n## 10. Tile expiry: the edit path and the relay with an expire output, and the cover rate\n\n'; "$PY" bench/tiles_bench.py; } | tee -a "$OUT"

@@ -70,9 +70,10 @@ REFERENCE_SQL = r"""
 CREATE SCHEMA reference;
 
 -- The shape in EPSG:3857, latitudes clipped at ±85.0511°. With wrap (a shape across the
--- antimeridian) its negative longitudes are shifted by 360°, it is projected past x = 180° (PROJ's
--- +over) and split there in EPSG:3857, so that the cut edge stays the straight line in EPSG:3857
--- that ST_Transform makes of every other edge (ST_WrapX in degrees would bend it at 180°).
+-- antimeridian) its negative longitudes are shifted by 360°, and it is projected on past x = 180°
+-- (PROJ's +over) to be split there by reference.split: in EPSG:3857, so that the cut edge stays the
+-- straight line in EPSG:3857 that ST_Transform makes of every other edge (ST_WrapX in degrees would
+-- bend it at 180°). A shape given in EPSG:3857 is taken as it is, without a round trip.
 CREATE FUNCTION reference.mercator(g geometry, wrap boolean) RETURNS geometry
 LANGUAGE sql IMMUTABLE AS $$
     WITH lonlat AS (SELECT CASE WHEN ST_SRID(g) = 4326 THEN g ELSE ST_Transform(g, 4326) END AS g),
@@ -80,12 +81,17 @@ LANGUAGE sql IMMUTABLE AS $$
          clipped AS (SELECT CASE WHEN ST_YMax(g) > 85.0511287798066 OR ST_YMin(g) < -85.0511287798066
                                  THEN ST_ClipByBox2D(g, ST_MakeEnvelope(-180, -85.0511287798066, 360, 85.0511287798066, 4326))
                                  ELSE g END AS g FROM shifted)
-    SELECT CASE WHEN ST_SRID(g) = 3857 AND NOT wrap THEN g  -- given in EPSG:3857: as it is, no round trip
-                WHEN wrap THEN ST_WrapX(ST_SetSRID(ST_Transform(clipped.g, '+proj=merc +a=6378137 +b=6378137 +lat_ts=0 +lon_0=0 '
-                                                   '+x_0=0 +y_0=0 +k=1 +units=m +nadgrids=@null +wktext +no_defs +over'), 3857),
-                                        20037508.342789244, -2 * 20037508.342789244)
+    SELECT CASE WHEN ST_SRID(g) = 3857 AND NOT wrap THEN g
+                WHEN wrap THEN ST_SetSRID(ST_Transform(clipped.g, '+proj=merc +a=6378137 +b=6378137 +lat_ts=0 +lon_0=0 +x_0=0 '
+                                                      '+y_0=0 +k=1 +units=m +nadgrids=@null +wktext +no_defs +over'), 3857)
                 ELSE ST_Transform(clipped.g, 3857) END
       FROM clipped
+$$;
+
+-- The parts of a shape past x = 180° moved one world west.
+CREATE FUNCTION reference.split(g geometry) RETURNS geometry
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ST_WrapX(g, 20037508.342789244, -2 * 20037508.342789244)
 $$;
 
 -- The shape with each polygon replaced by its rings (boundary-only); lines and points as they are.
@@ -99,12 +105,18 @@ CREATE FUNCTION reference.tiles(m geometry, zoom integer, buffer float8)
 RETURNS TABLE (x integer, y integer)
 LANGUAGE sql STABLE AS $$
     WITH world AS (SELECT 20037508.342789244::float8 AS h, 1 << zoom AS n, 2 * 20037508.342789244::float8 / (1 << zoom) AS tw),
-    parts AS (SELECT d.geom FROM ST_Dump(m) d),
-    -- Boxes to draw candidates from: polygons and points whole, lines in pieces of at most a tile.
+    -- m once (a CTE is computed once; m itself may be an expression the planner would repeat per row).
+    target AS MATERIALIZED (SELECT m AS g),
+    parts AS (SELECT d.geom FROM target, ST_Dump(target.g) d),
+    -- Boxes to draw candidates from: polygons and points whole, lines in pieces of at most a tile,
+    -- and each line's first point (a ring collapsed to one point, as one of Hoonah-Angoon's, has no
+    -- segment to dump).
     pieces AS (
         SELECT p.geom FROM parts p WHERE ST_Dimension(p.geom) <> 1
         UNION ALL
-        SELECT s.geom FROM parts p, world, ST_DumpSegments(ST_Segmentize(p.geom, world.tw)) s WHERE ST_Dimension(p.geom) = 1),
+        SELECT s.geom FROM parts p, world, ST_DumpSegments(ST_Segmentize(p.geom, world.tw)) s WHERE ST_Dimension(p.geom) = 1
+        UNION ALL
+        SELECT ST_StartPoint(p.geom) FROM parts p WHERE ST_Dimension(p.geom) = 1),
     -- Tile index ranges of each box grown by the buffer, one more tile each side; columns unwrapped.
     candidates AS (
         SELECT DISTINCT tx, ty
@@ -114,9 +126,9 @@ LANGUAGE sql STABLE AS $$
                generate_series(greatest(floor((h - ST_YMax(pieces.geom)) / tw - buffer)::int - 1, 0),
                                least(floor((h - ST_YMin(pieces.geom)) / tw + buffer)::int + 1, n - 1)) ty)
     SELECT DISTINCT ((tx % n) + n) % n, ty
-      FROM candidates, world
-     WHERE ST_Intersects(m, ST_Translate(ST_TileEnvelope(zoom, ((tx % n) + n) % n, ty, margin => buffer),
-                                      floor(tx::float8 / n) * 2 * h, 0))
+      FROM candidates, world, target
+     WHERE ST_Intersects(target.g, ST_Translate(ST_TileEnvelope(zoom, ((tx % n) + n) % n, ty, margin => buffer),
+                                             floor(tx::float8 / n) * 2 * h, 0))
 $$;
 """
 
@@ -169,15 +181,14 @@ def add_shape(conn, name: str, geojson: str, wrap: bool = False) -> None:
 def reference(db, name: str, zoom: int, buffer: float, boundary: bool = False, moved_to: str | None = None) -> set[tuple[int, int]]:
     """The reference tiles (x, y) of shape `name` at `zoom`, of its polygons' rings only with
     `boundary`; with `moved_to`, of the symmetric difference in EPSG:3857 between shape `name` and
-    shape `moved_to` (its rings with `boundary`). A shape's rings are taken before it is split at
-    the antimeridian, which is no edge of it; a difference's after, so a move's slivers must not
-    cross the antimeridian."""
-    rings = "reference.rings({})" if boundary else "{}"
-    if moved_to is None:
-        shape = f"reference.mercator({rings.format('a.geom')}, a.wrap)"
-    else:
-        shape = rings.format("ST_SymDifference(reference.mercator(a.geom, a.wrap), reference.mercator(b.geom, b.wrap))")
-    rows = db.execute(f"""SELECT r.x, r.y FROM shapes a, shapes b, reference.tiles({shape}, %(z)s, %(buffer)s) r
+    shape `moved_to` (its rings with `boundary`). Rings and differences are taken before the split
+    at the antimeridian, which is no edge of the shape."""
+    shape = "reference.mercator(a.geom, a.wrap)"
+    if moved_to is not None:
+        shape = f"ST_SymDifference({shape}, reference.mercator(b.geom, b.wrap))"
+    if boundary:
+        shape = f"reference.rings({shape})"
+    rows = db.execute(f"""SELECT r.x, r.y FROM shapes a, shapes b, reference.tiles(reference.split({shape}), %(z)s, %(buffer)s) r
                            WHERE a.name = %(a)s AND b.name = %(b)s""",
                       {"a": name, "b": moved_to or name, "z": zoom, "buffer": buffer}).fetchall()
     return set(rows)

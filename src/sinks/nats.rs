@@ -232,8 +232,9 @@ impl Sink for NatsSink {
         Some(InFlight::new(move || pending.outcomes(&runtime)))
     }
 
-    /// Tile lists go to a stream of their own: consumers of the events never see them, and a
-    /// tile pipeline subscribes to its subject alone (`nats sub --raw <subject> | render_expired`).
+    /// Tile lists go to a stream of their own (the one that captures the subject already, or
+    /// `stream_name`, created): consumers of the events never see them, and a tile pipeline
+    /// subscribes to its subject alone (`nats sub --raw <subject> | render_expired`).
     fn publish_tile_lists(&mut self, stream_name: &str, subject: &str, bodies: &[String], msg_id: &str, extra: &[(&str, String)]) -> Option<Result<(), String>> {
         let (js, timeout) = (self.js.clone(), self.timeout);
         let ensure = !self.tile_streams.contains(stream_name);
@@ -246,7 +247,8 @@ impl Sink for NatsSink {
             ..Default::default()
         };
         let sent = block_on(&self.runtime, async {
-            if ensure {
+            // A stream that already captures the subject (the user's own) is used as it is.
+            if ensure && js.stream_by_subject(subject.to_string()).await.is_err() {
                 js.get_or_create_stream(wanted).await.map_err(|e| format!("cannot create or find JetStream stream {stream_name} for {subject}: {e}"))?;
             }
             let mut acks = Vec::new();
