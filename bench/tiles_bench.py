@@ -83,7 +83,7 @@ def edit_part() -> None:
 
 def relay_cluster(name: str) -> Cluster:
     c = Cluster(RUN_DIR / f"tiles-relay-{name}", free_port())
-    c.start("feature_outbox.database = 'none'", "feature_outbox.relay_workers = 1", "feature_outbox.endpoint = ''",
+    c.start("feature_outbox.database = 'tiles'", "feature_outbox.relay_workers = 1", "feature_outbox.endpoint = ''",
             "feature_outbox.invalid_geometry = 'accept'",
             "feature_outbox.retention = 0", "shared_buffers = '512MB'", "max_wal_size = '4GB'", "synchronous_commit = off")
     c.create_db("tiles")
@@ -116,18 +116,17 @@ def drained(conn) -> bool:
 
 
 def drain(c: Cluster, server: NatsServer, run: str, fill) -> tuple[float, int, int]:
-    """Events/s of one worker from the moment it may serve the database until the outbox and the tile
-    queue are empty; the events and the tiles it delivered."""
-    relay_settings(c, database="none", endpoint="")
-    time.sleep(0.5)
+    """Events/s of one worker from the commit of a backlog written in one transaction until the
+    outbox and the tile queue are empty; the events and the tiles in the expire table."""
+    relay_settings(c, endpoint=server.url, nats_stream=f"T{run}", nats_subject_prefix=f"t{run}")
     with c.connect("tiles") as conn:
-        conn.execute("UPDATE feature_outbox.outbox SET published_at = now() WHERE published_at IS NULL")
+        wait_for(lambda: drained(conn), 120, "the previous run to drain")
         conn.execute("TRUNCATE bench.expire_tiles")
-        fill(conn)
-        events = conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
         conn.execute("VACUUM ANALYZE")
+        with conn.transaction():
+            fill(conn)
+            events = conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
         t = time.monotonic()
-        relay_settings(c, database="tiles", endpoint=server.url, nats_stream=f"T{run}", nats_subject_prefix=f"t{run}")
         wait_for(lambda: drained(conn), 600, "the outbox and the tile queue to drain")
         took = time.monotonic() - t
         tiles = conn.execute("SELECT count(*) FROM bench.expire_tiles").fetchone()[0]
@@ -152,16 +151,14 @@ def relay_part() -> None:
                                    30 + (g / 1000) * 0.05), 4326), 'created') FROM generate_series(1, %s) g""", (base, POINTS))
         def vertex_moves(conn):
             # The second vertex of each single-ring county nudged by about 1 m, then recorded.
-            with conn.transaction():
-                conn.execute("""UPDATE bench.counties SET geom = ST_MakePolygon(ST_SetPoint(ST_ExteriorRing(geom), 1,
-                                       ST_Translate(ST_PointN(ST_ExteriorRing(geom), 2), 0.00001, 0.00001)))
-                                 WHERE GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0""")
-                conn.execute("""SELECT feature_outbox.record_edit('counties', id, 'moved') FROM bench.counties
-                                 WHERE GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0""")
+            conn.execute("""UPDATE bench.counties SET geom = ST_MakePolygon(ST_SetPoint(ST_ExteriorRing(geom), 1,
+                                   ST_Translate(ST_PointN(ST_ExteriorRing(geom), 2), 0.00001, 0.00001)))
+                             WHERE GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0""")
+            conn.execute("""SELECT feature_outbox.record_edit('counties', id, 'moved') FROM bench.counties
+                             WHERE GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0""")
         def full_covers(conn):
-            with conn.transaction():
-                conn.execute("UPDATE bench.counties SET geom = ST_Translate(geom, 0.01, 0)")
-                conn.execute("SELECT feature_outbox.record_edit('counties', id, 'moved') FROM bench.counties")
+            conn.execute("UPDATE bench.counties SET geom = ST_Translate(geom, 0.01, 0)")
+            conn.execute("SELECT feature_outbox.record_edit('counties', id, 'moved') FROM bench.counties")
         run = 0
         for _ in range(ROUNDS):
             for name, layer, fill in (("points, created", "points", points), ("counties, one vertex moved", "counties", vertex_moves)):

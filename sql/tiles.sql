@@ -41,7 +41,7 @@ SELECT pg_catalog.pg_extension_config_dump('expire_rules', '');
 -- The last shape of each feature of a layer with an output, so that the next edit (record_edit's
 -- too, whose row is already written) knows its old side.
 CREATE TABLE IF NOT EXISTS tile_shapes (
-    layer             text   NOT NULL,
+    layer             text   NOT NULL REFERENCES layer_registry (layer) ON DELETE CASCADE,
     feature_id        bigint NOT NULL,
     shape             bytea  NOT NULL,  -- WKB, EPSG:4326 degrees, as the edit stored it
     properties_digest uuid,             -- the edit's, to tell a move that changed attributes too
@@ -59,6 +59,12 @@ CREATE TABLE IF NOT EXISTS tile_queue (
     new_shape          bytea,    -- NULL for retired
     previous_bbox      float8[], -- the outbox row's: the fallback for an old shape never kept
     properties_changed boolean   NOT NULL,
+    -- The layer's rule when the edit was made (expire_rules), so that a rule changed or detached
+    -- later does not change which tiles a waiting edit expires.
+    mode               text      NOT NULL,
+    buffer             float8    NOT NULL,
+    full_area_limit    float8,
+    diff               boolean   NOT NULL,
     queued_at          timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (output, outbox_id)
 );
@@ -94,12 +100,14 @@ BEGIN
         -- No shape at all (a snapshot of a feature never kept): its current box stands in.
         SELECT s.bbox INTO o.previous_bbox FROM feature_state s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
     END IF;
-    INSERT INTO tile_queue (output, outbox_id, layer, event_type, old_shape, new_shape, previous_bbox, properties_changed)
+    INSERT INTO tile_queue (output, outbox_id, layer, event_type, old_shape, new_shape, previous_bbox, properties_changed,
+                            mode, buffer, full_area_limit, diff)
     SELECT r.output, p_outbox_id, o.layer, o.event_type,
            CASE WHEN o.event_type IN ('created', 'snapshot') THEN NULL
                 WHEN o.event_type = 'retired' THEN coalesce(kept.shape, p_new) ELSE kept.shape END,
            CASE WHEN o.event_type = 'retired' THEN NULL ELSE coalesce(p_new, kept.shape) END,
-           o.previous_bbox, kept.properties_digest IS DISTINCT FROM o.properties_digest
+           o.previous_bbox, kept.properties_digest IS DISTINCT FROM o.properties_digest,
+           r.mode, r.buffer, r.full_area_limit, r.diff
       FROM expire_rules r WHERE r.layer = o.layer;
     IF o.event_type = 'retired' THEN
         DELETE FROM tile_shapes s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
@@ -183,6 +191,12 @@ BEGIN
         RAISE EXCEPTION 'subject % lies under the events'' subjects (%.>)', quote_literal(subject), prefix USING ERRCODE = '22023',
             HINT = 'Tile lists go to a JetStream stream of their own; pick a subject outside feature_outbox.nats_subject_prefix.';
     END IF;
+    IF subject IS NOT NULL AND EXISTS (SELECT 1 FROM expire_outputs o WHERE o.subject = define_expire_output.subject
+                                                                      AND o.name <> define_expire_output.name) THEN
+        RAISE EXCEPTION 'subject % is the subject of expire output %', quote_literal(subject),
+            (SELECT o.name FROM expire_outputs o WHERE o.subject = define_expire_output.subject) USING ERRCODE = '23505',
+            HINT = 'Each output''s tile lists need a subject of their own: a tile pipeline reads one output''s lists.';
+    END IF;
     IF url IS NOT NULL AND url !~* '^https?://[^/\s]+' THEN
         RAISE EXCEPTION 'url % is not an http:// or https:// URL', quote_literal(url) USING ERRCODE = '22023';
     END IF;
@@ -261,7 +275,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION unexpire_layer(text, text) IS
-    'Detaches a layer from an expire output; edits queued before still deliver their tiles.';
+    'Detaches a layer from an expire output; edits queued before still deliver their tiles, under the rule they were queued with.';
 
 -- The tile math on its own, for a look at what an output would expire (osm2pgsql-expire's job).
 CREATE OR REPLACE FUNCTION tiles_touched(shape geometry, maxzoom integer, minzoom integer DEFAULT 0, buffer float8 DEFAULT 0.1,
@@ -305,7 +319,8 @@ $$;
 
 -- What each output has delivered and what waits for it.
 CREATE OR REPLACE VIEW expire_backlog AS
-SELECT o.name AS output, o.minzoom, o.maxzoom, o.expire_table, o.subject, o.url,
+SELECT o.name AS output, o.minzoom, o.maxzoom, o.expire_table, o.subject,
+       regexp_replace(o.url, '://[^/@]*@', '://********@') AS url,  -- credentials masked, as the settings are
        (SELECT count(*) FROM tile_queue q WHERE q.output = o.name) AS waiting_edits,
        (SELECT now() - min(q.queued_at) FROM tile_queue q WHERE q.output = o.name) AS oldest_waiting_age,
        p.edits, (SELECT sum(t) FROM unnest(p.tiles_by_zoom) t)::bigint AS tiles_expired, p.tiles_by_zoom, p.lists_sent,

@@ -37,6 +37,11 @@ SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull, pg
  WHERE a.attrelid = 'public.expire_tiles'::regclass AND a.attnum > 0 ORDER BY a.attnum;
 SELECT pg_get_indexdef(i.indexrelid) AS key FROM pg_index i WHERE i.indrelid = 'public.expire_tiles'::regclass AND i.indisprimary;
 SELECT name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry FROM feature_outbox.expire_outputs;
+-- A second output cannot share the subject; a URL's credentials never show in expire_backlog.
+SELECT try($$SELECT feature_outbox.define_expire_output('other', 14, subject => 'tiles.parcels')$$);
+SELECT feature_outbox.define_expire_output('secret', 10, url => 'https://tiles:s3cret@cache.example.org/purge');
+SELECT output, url FROM feature_outbox.expire_backlog WHERE output = 'secret';
+SELECT feature_outbox.drop_expire_output('secret');
 -- Defined again: its settings change, in place.
 SELECT feature_outbox.define_expire_output('tiles', 12, minzoom => 2, "table" => 'public.expire_tiles');
 SELECT name, minzoom, maxzoom, expire_table, subject, url FROM feature_outbox.expire_outputs;
@@ -71,6 +76,8 @@ SELECT count(*) AS roads_queued FROM feature_outbox.tile_queue WHERE layer = 'ro
 SELECT try($$SELECT feature_outbox.unexpire_layer('roads', 'tiles')$$);
 SELECT feature_outbox.unexpire_layer('parcels', 'tiles');
 SELECT count(*) AS rules, (SELECT count(*) FROM feature_outbox.tile_queue) AS still_queued FROM feature_outbox.expire_rules;
+-- Each waiting edit keeps the rule it was queued under.
+SELECT DISTINCT mode, buffer, full_area_limit, diff FROM feature_outbox.tile_queue;
 SELECT try($$SELECT feature_outbox.drop_expire_output('nosuch')$$);
 SELECT feature_outbox.drop_expire_output('tiles') AS dropped_waiting_edits;
 SELECT (SELECT count(*) FROM feature_outbox.expire_outputs) AS outputs, (SELECT count(*) FROM feature_outbox.tile_queue) AS queued,

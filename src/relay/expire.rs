@@ -20,7 +20,8 @@ use crate::backoff;
 use crate::plans::prepared;
 use crate::settings;
 use crate::sinks::Sink;
-use crate::tiles::{self, Change, Expired, Mode, Rule, Tile, http_post, list, shape};
+use crate::tiles::http_post::ListPoster;
+use crate::tiles::{self, Change, Expired, Mode, Rule, Tile, list, shape};
 
 /// Edits per output and transaction: enough to merge the tiles of neighbouring edits, few enough
 /// that one transaction's locks and one list stay small.
@@ -36,9 +37,8 @@ const OUTPUTS_SQL: &str = "SELECT o.name, o.minzoom, o.maxzoom, o.expire_table, 
  WHERE EXISTS (SELECT 1 FROM feature_outbox.tile_queue q WHERE q.output = o.name) ORDER BY o.name";
 
 const CLAIM_SQL: &str = "SELECT q.outbox_id, q.event_type, q.old_shape, q.new_shape, q.previous_bbox, q.properties_changed,
-       coalesce(r.mode, 'full-area'), coalesce(r.buffer, 0.1), r.full_area_limit, coalesce(r.diff, true)
+       q.mode, q.buffer, q.full_area_limit, q.diff
   FROM feature_outbox.tile_queue q
-  LEFT JOIN feature_outbox.expire_rules r ON r.layer = q.layer AND r.output = q.output
  WHERE q.output = $1
  ORDER BY q.outbox_id LIMIT $2
    FOR UPDATE OF q SKIP LOCKED";
@@ -94,6 +94,8 @@ struct Figures {
 pub struct ExpireStep {
     waits: HashMap<String, (Instant, u32)>,
     last_run: Option<Instant>,
+    /// The HTTP client of the outputs' URLs, kept between deliveries.
+    poster: Option<ListPoster>,
 }
 
 /// Between the batches of a drain the step runs at most this often: one more transaction per
@@ -130,7 +132,7 @@ impl ExpireStep {
                         Some(s) => Some(&mut **s),
                         None => None,
                     };
-                    chunk(client, &output, sink, me)
+                    chunk(client, &output, sink, &mut self.poster, me)
                 })
             });
             match delivered {
@@ -185,7 +187,13 @@ fn outputs(client: &SpiClient<'_>) -> Result<Vec<Output>, RelayError> {
 
 /// One chunk of one output, in the caller's transaction: claim, expire, deliver, delete. Returns
 /// how many edits it took.
-fn chunk(client: &mut SpiClient<'_>, output: &Output, sink: Option<&mut dyn Sink>, me: &WorkerSlot) -> Result<usize, RelayError> {
+fn chunk(
+    client: &mut SpiClient<'_>,
+    output: &Output,
+    sink: Option<&mut dyn Sink>,
+    poster: &mut Option<ListPoster>,
+    me: &WorkerSlot,
+) -> Result<usize, RelayError> {
     let plan = prepared(client, CLAIM_SQL, &[pg_sys::TEXTOID, pg_sys::INT8OID], true);
     let mut rows = Vec::new();
     for r in client.update(&*plan, None, &[output.name.as_str().into(), CHUNK.into()])? {
@@ -215,6 +223,13 @@ fn chunk(client: &mut SpiClient<'_>, output: &Output, sink: Option<&mut dyn Sink
                  me.tag, output.name, row.outbox_id, output.max_tiles_geometry,
                  expired.dropped_from_zoom.map(|z| format!(", and none from zoom {z} up")).unwrap_or_default());
         }
+        if expired.overlay_failed {
+            log!("{}: expire output {}: outbox row {}: the difference of its old and new shape failed; both shapes' tiles instead",
+                 me.tag, output.name, row.outbox_id);
+        }
+        if expired.tiles.is_empty() && boxed {
+            log!("{}: expire output {}: outbox row {} has no shape and no box: it expires no tile", me.tag, output.name, row.outbox_id);
+        }
         figures.dropped_zooms += expired.dropped_from_zoom.is_some() as i64;
         figures.box_fallbacks += boxed as i64;
         tiles.extend(expired.tiles);
@@ -225,7 +240,7 @@ fn chunk(client: &mut SpiClient<'_>, output: &Output, sink: Option<&mut dyn Sink
         figures.by_zoom[t.zoom as usize] += 1;
     }
     let ids: Vec<i64> = rows.iter().map(|r| r.outbox_id).collect();
-    figures.lists = deliver(client, output, sink, &tiles, &ids)?;
+    figures.lists = deliver(client, output, sink, poster, &tiles, &ids)?;
     super::fault_points::crash_if_tiles_requested();
 
     let done = prepared(client, DONE_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID], true);
@@ -281,20 +296,16 @@ fn expire_row(row: &Queued, output: &Output) -> (Expired, bool) {
 }
 
 /// Delivers one chunk's tiles to each destination of the output; returns the lists sent.
-fn deliver(client: &mut SpiClient<'_>, output: &Output, sink: Option<&mut dyn Sink>, tiles: &[Tile], ids: &[i64]) -> Result<i64, RelayError> {
+fn deliver(
+    client: &mut SpiClient<'_>,
+    output: &Output,
+    sink: Option<&mut dyn Sink>,
+    poster: &mut Option<ListPoster>,
+    tiles: &[Tile],
+    ids: &[i64],
+) -> Result<i64, RelayError> {
     if tiles.is_empty() {
         return Ok(0);
-    }
-    if let Some(table) = &output.table {
-        // osm2pgsql's rule: a tile expired again keeps `first` and moves `last`. Rows in key order,
-        // so two workers upserting the same low-zoom tiles lock them in the same order.
-        let sql = format!(
-            "INSERT INTO {table} AS t (zoom, x, y) SELECT * FROM unnest($1::int4[], $2::int4[], $3::int4[]) ORDER BY 1, 2, 3
-             ON CONFLICT (zoom, x, y) DO UPDATE SET last = CURRENT_TIMESTAMP(0)"
-        );
-        let plan = prepared(client, &sql, &[pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID], true);
-        let col = |f: fn(&Tile) -> i32| tiles.iter().map(f).collect::<Vec<i32>>();
-        client.update(&*plan, None, &[col(|t| t.zoom as i32).into(), col(|t| t.x as i32).into(), col(|t| t.y as i32).into()])?;
     }
     let source = super::source();
     // The same key when the same edits are delivered again: JetStream's duplicate window and an
@@ -322,14 +333,32 @@ fn deliver(client: &mut SpiClient<'_>, output: &Output, sink: Option<&mut dyn Si
     if let Some(url) = &output.url {
         let bodies = list::bodies(tiles, settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024);
         let ca = settings::string(&settings::TLS_CA_FILE);
-        http_post::post_lists(url, &bodies, &key, &headers, settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
+        let p = ListPoster::for_settings(poster.take(), settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
             .map_err(RelayError::Destination)?;
+        let sent = p.post(url, &bodies, &key, &headers);
+        *poster = Some(p);
+        sent.map_err(RelayError::Destination)?;
         lists += bodies.len() as i64;
+    }
+    // The expire table last, once the lists are out: the caller's transaction commits even when this
+    // returns an error, so an upsert made before a failed send would stay, and every retry would
+    // move `last` again. An error of the upsert itself aborts the transaction.
+    if let Some(table) = &output.table {
+        // osm2pgsql's rule: a tile expired again keeps `first` and moves `last`. Rows in key order,
+        // so two workers upserting the same low-zoom tiles lock them in the same order.
+        let sql = format!(
+            "INSERT INTO {table} AS t (zoom, x, y) SELECT * FROM unnest($1::int4[], $2::int4[], $3::int4[]) ORDER BY 1, 2, 3
+             ON CONFLICT (zoom, x, y) DO UPDATE SET last = CURRENT_TIMESTAMP(0)"
+        );
+        let plan = prepared(client, &sql, &[pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID], true);
+        let col = |f: fn(&Tile) -> i32| tiles.iter().map(f).collect::<Vec<i32>>();
+        client.update(&*plan, None, &[col(|t| t.zoom as i32).into(), col(|t| t.x as i32).into(), col(|t| t.y as i32).into()])?;
     }
     Ok(lists)
 }
 
-/// The JetStream stream of an output's tile lists: `TILES_<OUTPUT>` (upper case, `-` as `_`).
+/// The JetStream stream of an output's tile lists when none captures its subject yet:
+/// `TILES_<OUTPUT>`, the name upper-cased (output names are lower case, so two never meet).
 pub fn tile_stream(output: &str) -> String {
-    format!("TILES_{}", output.to_ascii_uppercase().replace('-', "_"))
+    format!("TILES_{}", output.to_ascii_uppercase())
 }

@@ -97,7 +97,14 @@ impl Worker {
                 Err(RelayError::SinkDown { reason, retry_after }) => {
                     // A batch read ahead waits for no backoff: the claim after it reads it afresh.
                     self.pipeline.discard();
-                    return Next::BackOff(self.connection.down(&self.me, &reason, retry_after));
+                    let delay = self.connection.down(&self.me, &reason, retry_after);
+                    // The outputs that need no sink (a table, a URL) go on while it is down.
+                    while self.expire.run(&self.me, None) {
+                        if stopping() {
+                            return Next::Stop;
+                        }
+                    }
+                    return Next::BackOff(delay);
                 }
                 Err(error) => {
                     // A SQL error (e.g. the extension was dropped): record it, retry after the poll interval.
