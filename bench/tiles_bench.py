@@ -3,9 +3,10 @@
      (zooms 0-14, osm2pgsql's expire table), on the same cluster: callgrind instructions per edit in a
      single-user backend (repeatable) and pgbench TPS. With FEATURE_OUTBOX_AB_BIN (a tree of an
      earlier release, bench/ab_setup.sh), that release's layer edit too, and each figure's ratio to it.
-  2. relay: one worker draining a backlog into nats-server, timed until the outbox is drained and
-     every queued edit's tiles are in the expire table: point features created, and counties each
-     moved by one vertex, without the output and with it.
+  2. relay: one worker draining a backlog into nats-server, timed from the backlog's commit until the
+     outbox and the tile queue are empty: point features created, and counties each moved by one
+     vertex; without an output, with an output whose tile lists go to a NATS subject, and with one
+     that writes osm2pgsql's expire table.
   3. cover rate: full county covers (zooms 0-14) through the relay, tiles/s, beside the same covers
      computed alone (tiles_touched over every county in one backend).
 """
@@ -28,8 +29,10 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 POINTS = int(os.environ.get("BENCH_TILE_POINTS", "20000"))
 OTHER_BIN = os.environ.get("FEATURE_OUTBOX_AB_BIN")
 OTHER = os.environ.get("FEATURE_OUTBOX_AB_LABEL", "earlier")
-LAYER_EDIT = 6  # edit_bench.ROWS: layer: edit_feature('bench', id, geometry)
+LAYER_EDIT = 6
+VARIANTS = ("plain", "lists", "table")  # edit_bench.ROWS: layer: edit_feature('bench', id, geometry)
 OUTPUT = "SELECT feature_outbox.define_expire_output('bench', 14, \"table\" => 'bench.expire_tiles')"
+LISTS = "SELECT feature_outbox.define_expire_output('lists', 14, subject => 'tiles.bench')"
 
 
 def spread(values, fmt="{:,.0f}"):
@@ -82,10 +85,13 @@ def edit_part() -> None:
 
 
 def relay_cluster(name: str) -> Cluster:
+    """Layers of points and of counties, each three times: `<name>_plain` without an output,
+    `<name>_lists` attached to an output with a NATS subject, `<name>_table` to one with osm2pgsql's
+    expire table; attached from the start, so every feature's shape is kept before it is edited."""
     c = Cluster(RUN_DIR / f"tiles-relay-{name}", free_port())
     c.start("feature_outbox.database = 'tiles'", "feature_outbox.relay_workers = 1", "feature_outbox.endpoint = ''",
-            "feature_outbox.invalid_geometry = 'accept'",
-            "feature_outbox.retention = 0", "shared_buffers = '512MB'", "max_wal_size = '4GB'", "synchronous_commit = off")
+            "feature_outbox.invalid_geometry = 'accept'", "feature_outbox.retention = 0", "shared_buffers = '512MB'",
+            "max_wal_size = '4GB'", "synchronous_commit = off")
     c.create_db("tiles")
     with c.connect("tiles") as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
@@ -94,12 +100,15 @@ def relay_cluster(name: str) -> Cluster:
         with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
             for line in county_data().read_text().splitlines():
                 copy.write_row((line,))
-        conn.execute("""CREATE TABLE bench.counties (id bigint PRIMARY KEY, geom geometry(Geometry, 4326) NOT NULL,
-                                                     version integer NOT NULL DEFAULT 0)""")
-        conn.execute("CREATE TABLE bench.points (id bigint PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version integer NOT NULL DEFAULT 0)")
-        conn.execute("SELECT feature_outbox.register_layer('counties', 'bench.counties')")
-        conn.execute("SELECT feature_outbox.register_layer('points', 'bench.points')")
         conn.execute(OUTPUT)
+        conn.execute(LISTS)
+        for layer, kind in (("points", "Point"), ("counties", "Geometry"), ("covers", "Geometry")):
+            for name in (f"{layer}_plain", f"{layer}_lists", f"{layer}_table"):
+                conn.execute(f"CREATE TABLE bench.{name} (id bigint PRIMARY KEY, geom geometry({kind}, 4326) NOT NULL, "
+                             "version integer NOT NULL DEFAULT 0)")
+                conn.execute("SELECT feature_outbox.register_layer(%s, %s)", (name, f"bench.{name}"))
+            conn.execute(f"SELECT feature_outbox.expire_layer('{layer}_lists', 'lists')")
+            conn.execute(f"SELECT feature_outbox.expire_layer('{layer}_table', 'bench')")
     return c
 
 
@@ -115,12 +124,12 @@ def drained(conn) -> bool:
                               AND NOT EXISTS (SELECT 1 FROM feature_outbox.tile_queue)""").fetchone()[0]
 
 
-def drain(c: Cluster, server: NatsServer, run: str, fill) -> tuple[float, int, int]:
-    """Events/s of one worker from the commit of a backlog written in one transaction until the
-    outbox and the tile queue are empty; the events and the tiles in the expire table."""
-    relay_settings(c, endpoint=server.url, nats_stream=f"T{run}", nats_subject_prefix=f"t{run}")
+def drain(c: Cluster, run: str, fill) -> tuple[float, int, int]:
+    """Events/s of the worker from the commit of a backlog written in one transaction until the
+    outbox and the tile queue are empty; the events, and the tiles in the expire table."""
+    relay_settings(c, nats_stream=f"T{run}", nats_subject_prefix=f"t{run}")
     with c.connect("tiles") as conn:
-        wait_for(lambda: drained(conn), 120, "the previous run to drain")
+        wait_for(lambda: drained(conn), 600, "the previous run to drain")
         conn.execute("TRUNCATE bench.expire_tiles")
         conn.execute("VACUUM ANALYZE")
         with conn.transaction():
@@ -133,69 +142,77 @@ def drain(c: Cluster, server: NatsServer, run: str, fill) -> tuple[float, int, i
     return events / took, events, tiles
 
 
+def points(layer: str):
+    def fill(conn):
+        base = conn.execute(f"SELECT coalesce(max(id), 0) FROM bench.{layer}").fetchone()[0]
+        conn.execute(f"""SELECT feature_outbox.edit_feature('{layer}', %s + g, ST_SetSRID(ST_MakePoint(-120 + (g %% 1000) * 0.05,
+                                30 + (g / 1000) * 0.05), 4326), 'created') FROM generate_series(1, %s) g""", (base, POINTS))
+    return fill
+
+
+def vertex_moves(layer: str):
+    """The second vertex of each single-ring county nudged by about 1 m, recorded as the application
+    would (its own UPDATE, then record_edit)."""
+    def fill(conn):
+        single = "GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0"
+        conn.execute(f"""UPDATE bench.{layer} SET geom = ST_MakePolygon(ST_SetPoint(ST_ExteriorRing(geom), 1,
+                                ST_Translate(ST_PointN(ST_ExteriorRing(geom), 2), 0.00001, 0.00001))) WHERE {single}""")
+        conn.execute(f"SELECT feature_outbox.record_edit('{layer}', id, 'moved') FROM bench.{layer} WHERE {single}")
+    return fill
+
+
+def created_counties(layer: str):
+    """Every county created: each expires its whole cover."""
+    def fill(conn):
+        conn.execute(f"DELETE FROM bench.{layer}")
+        conn.execute(f"DELETE FROM feature_outbox.feature_state WHERE layer = '{layer}'")
+        conn.execute(f"DELETE FROM feature_outbox.tile_shapes WHERE layer = '{layer}'")
+        conn.execute(f"""SELECT feature_outbox.edit_feature('{layer}', (doc->>'id')::bigint,
+                                CASE WHEN ST_NumGeometries(g) = 1 THEN ST_GeometryN(g, 1) ELSE g END, 'created')
+                           FROM (SELECT doc, ST_SetSRID(ST_GeomFromGeoJSON(doc->'geometry'), 4326) g FROM bench.raw) r""")
+    return fill
+
+
 def relay_part() -> None:
     server = NatsServer(RUN_DIR / "tiles-nats")
     server.start()
     c = relay_cluster("a")
-    rates = {}
-    covers = []
+    rates, covers = {}, []
     try:
-        with c.connect("tiles") as conn:
-            # Single polygons as they are, so that a one-vertex edit keeps the shape's other parts.
-            conn.execute("""SELECT feature_outbox.edit_feature('counties', (doc->>'id')::bigint,
-                                   CASE WHEN ST_NumGeometries(g) = 1 THEN ST_GeometryN(g, 1) ELSE g END, 'created')
-                              FROM (SELECT doc, ST_SetSRID(ST_GeomFromGeoJSON(doc->'geometry'), 4326) g FROM bench.raw) r""")
-        def points(conn):
-            base = conn.execute("SELECT coalesce(max(id), 0) FROM bench.points").fetchone()[0]
-            conn.execute("""SELECT feature_outbox.edit_feature('points', %s + g, ST_SetSRID(ST_MakePoint(-120 + (g %% 1000) * 0.05,
-                                   30 + (g / 1000) * 0.05), 4326), 'created') FROM generate_series(1, %s) g""", (base, POINTS))
-        def vertex_moves(conn):
-            # The second vertex of each single-ring county nudged by about 1 m, then recorded.
-            conn.execute("""UPDATE bench.counties SET geom = ST_MakePolygon(ST_SetPoint(ST_ExteriorRing(geom), 1,
-                                   ST_Translate(ST_PointN(ST_ExteriorRing(geom), 2), 0.00001, 0.00001)))
-                             WHERE GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0""")
-            conn.execute("""SELECT feature_outbox.record_edit('counties', id, 'moved') FROM bench.counties
-                             WHERE GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0""")
-        def full_covers(conn):
-            conn.execute("UPDATE bench.counties SET geom = ST_Translate(geom, 0.01, 0)")
-            conn.execute("SELECT feature_outbox.record_edit('counties', id, 'moved') FROM bench.counties")
+        relay_settings(c, endpoint=server.url)
         run = 0
-        for _ in range(ROUNDS):
-            for name, layer, fill in (("points, created", "points", points), ("counties, one vertex moved", "counties", vertex_moves)):
-                for attached in (False, True):
-                    with c.connect("tiles") as conn:
-                        conn.execute("SELECT feature_outbox.unexpire_layer(layer, output) FROM feature_outbox.expire_rules")
-                        if attached:
-                            conn.execute("SELECT feature_outbox.expire_layer(%s, 'bench', diff => true)", (layer,))
-                    run += 1
-                    rate, events, tiles = drain(c, server, str(run), fill)
-                    rates.setdefault((name, attached), []).append(rate)
-        # Full covers: every county's whole shape at zooms 0-14 (diff off), tiles/s through the relay.
-        for _ in range(ROUNDS):
-            with c.connect("tiles") as conn:
-                conn.execute("SELECT feature_outbox.unexpire_layer(layer, output) FROM feature_outbox.expire_rules")
-                conn.execute("SELECT feature_outbox.expire_layer('counties', 'bench', diff => false)")
+        for layer in ("counties_plain", "counties_lists", "counties_table"):  # every county once, so that moves have shapes
             run += 1
-            rate, events, tiles = drain(c, server, str(run), full_covers)
-            covers.append((rate, events, tiles))
+            drain(c, str(run), created_counties(layer))
+        for _ in range(ROUNDS):
+            for name, fill in (("points, created", points), ("counties, one vertex moved", vertex_moves)):
+                layer = "points" if name.startswith("points") else "counties"
+                for variant in VARIANTS:
+                    run += 1
+                    rate, _, _ = drain(c, str(run), fill(f"{layer}_{variant}"))
+                    rates.setdefault((name, variant), []).append(rate)
+            run += 1
+            covers.append(drain(c, str(run), created_counties("covers_table")))
         with c.connect("tiles") as conn:
             t = time.monotonic()
-            alone = conn.execute("SELECT count(*) FROM bench.counties, feature_outbox.tiles_touched(geom, 14)").fetchone()[0]
+            alone = conn.execute("SELECT count(*) FROM bench.covers_table, feature_outbox.tiles_touched(geom, 14)").fetchone()[0]
             alone_s = time.monotonic() - t
     finally:
         c.stop()
         server.stop()
-    print(f"\nRelay: one worker into nats-server, events/s until the outbox and the tile queue are empty "
-          f"(median of {ROUNDS}, min - max); output: zooms 0-14, osm2pgsql's expire table.\n")
-    print("| backlog | no output | one output | with / without |")
-    print("|---|---|---|---|")
+    print(f"\nRelay: one worker into nats-server, events/s from the commit of a backlog until the outbox and the tile "
+          f"queue are empty (median of {ROUNDS}, min - max); the output: zooms 0-14, its tile lists on a NATS subject, or "
+          f"osm2pgsql's expire table.\n")
+    print("| backlog | no output | output: NATS lists | / no output | output: expire table | / no output |")
+    print("|---|---|---|---|---|---|")
     for name in ("points, created", "counties, one vertex moved"):
-        a, b = rates[(name, False)], rates[(name, True)]
-        print(f"| {name} | {spread(a)} | {spread(b)} | {statistics.median(b) / statistics.median(a):.3f} |")
+        a, l, t = (rates[(name, v)] for v in VARIANTS)
+        m = statistics.median
+        print(f"| {name} | {spread(a)} | {spread(l)} | {m(l) / m(a):.3f} | {spread(t)} | {m(t) / m(a):.3f} |")
     rate, events, tiles = sorted(covers)[len(covers) // 2]
-    print(f"\nFull county covers (each county moved, diff off: old and new shape, zooms 0-14): {events:,} events in "
-          f"{events / rate:.1f} s through the relay, {tiles:,} distinct tiles in the table; the same {alone:,} tiles of "
-          f"the counties' shapes computed alone by tiles_touched() in {alone_s:.1f} s ({alone / alone_s:,.0f} tiles/s).")
+    print(f"\nFull county covers (every county created, zooms 0-14): {events:,} events and {tiles:,} distinct tiles in "
+          f"{events / rate:.1f} s through the relay ({tiles * rate / events:,.0f} tiles/s); the same covers computed alone by "
+          f"tiles_touched() in one backend: {alone:,} tiles in {alone_s:.1f} s ({alone / alone_s:,.0f} tiles/s).")
 
 
 def main() -> None:

@@ -649,6 +649,7 @@ def part_dump(major: int):
             waiting = {i: r for i, r in src_rows.items() if not r["published"]}
             src_max = max(r["id"] for r in src_rows.values())
             src_state = src.one("gis", "SELECT routing_key FROM feature_outbox.feature_state WHERE layer = 'parcels' AND feature_id = 4")
+            src_identity = src.one("gis", "SELECT identity::text AS id FROM feature_outbox.database_identity")["id"]
         with R.step(f"dump: pg_dump -Fc with the root's pg_dump {major}"):
             root.sh(f"mkdir -p {WORK}/dump && /usr/lib/postgresql/{major}/bin/pg_dump -h 127.0.0.1 -p {src.port} -U postgres "
                     f"-Fc -f {WORK}/dump/gis.pgdump gis")
@@ -665,6 +666,15 @@ def part_dump(major: int):
             R.check("pg_restore into an empty database exits 0 and prints nothing", root.rc == 0 and out == "", out[-2000:])
             ext = c.one("gis", "SELECT extversion FROM pg_extension WHERE extname = 'feature_outbox'")
             R.check(f"the restored database has feature_outbox {version}", ext and ext["extversion"] == version, str(ext))
+        with R.step("dump: the restore waits as a copy until resolve_copy('moved'), as Upgrading says"):
+            # A restore is a copy of the source database (0.4.0, sql/identity.sql): its relay holds
+            # the rows until the operator says what it is. This one replaces the source.
+            wait_for(lambda: c.one("gis", "SELECT relay_held_reason FROM feature_outbox.backlog")["relay_held_reason"] is not None,
+                     30, "the relay to hold the restored database as a copy")
+            b = c.one("gis", "SELECT unpublished_rows FROM feature_outbox.backlog")
+            R.check("nothing is relayed while the restore is held", b["unpublished_rows"] == len(waiting), str(b))
+            kept = c.one("gis", "SELECT feature_outbox.resolve_copy('moved')::text AS id")["id"]
+            R.check("resolve_copy('moved') keeps the source's identity", kept == src_identity, f"{kept} != {src_identity}")
         with R.step("dump: the waiting rows relayed exactly once"):
             wait_for(lambda: c.one("gis", "SELECT unpublished_rows FROM feature_outbox.backlog")["unpublished_rows"] == 0,
                      30, "the restored waiting rows to be relayed")

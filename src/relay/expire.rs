@@ -194,6 +194,7 @@ fn chunk(
     poster: &mut Option<ListPoster>,
     me: &WorkerSlot,
 ) -> Result<usize, RelayError> {
+    let started = Instant::now();
     let plan = prepared(client, CLAIM_SQL, &[pg_sys::TEXTOID, pg_sys::INT8OID], true);
     let mut rows = Vec::new();
     for r in client.update(&*plan, None, &[output.name.as_str().into(), CHUNK.into()])? {
@@ -213,6 +214,7 @@ fn chunk(
     if rows.is_empty() {
         return Ok(0);
     }
+    let claimed = started.elapsed();
     let mut figures = Figures { edits: rows.len() as i64, ..Default::default() };
     let mut tiles: Vec<Tile> = Vec::new();
     for row in &rows {
@@ -240,7 +242,9 @@ fn chunk(
         figures.by_zoom[t.zoom as usize] += 1;
     }
     let ids: Vec<i64> = rows.iter().map(|r| r.outbox_id).collect();
+    let computed = started.elapsed();
     figures.lists = deliver(client, output, sink, poster, &tiles, &ids)?;
+    let delivered = started.elapsed();
     super::fault_points::crash_if_tiles_requested();
 
     let done = prepared(client, DONE_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID], true);
@@ -264,6 +268,11 @@ fn chunk(
             figures.box_fallbacks.into(),
         ],
     )?;
+    debug1!(
+        "{}: expire output {}: {} edits, {} tiles: claimed in {} µs, tiles in {} µs, delivered in {} µs, done in {} µs",
+        me.tag, output.name, rows.len(), tiles.len(), claimed.as_micros(), (computed - claimed).as_micros(),
+        (delivered - computed).as_micros(), (started.elapsed() - delivered).as_micros()
+    );
     Ok(rows.len())
 }
 
@@ -344,11 +353,13 @@ fn deliver(
     // returns an error, so an upsert made before a failed send would stay, and every retry would
     // move `last` again. An error of the upsert itself aborts the transaction.
     if let Some(table) = &output.table {
-        // osm2pgsql's rule: a tile expired again keeps `first` and moves `last`. Rows in key order,
-        // so two workers upserting the same low-zoom tiles lock them in the same order.
+        // osm2pgsql's rule: a tile expired again keeps `first` and moves `last` (a row whose `last`
+        // is this second already is left alone: the same value, without a new row version). Rows in
+        // key order, so two workers upserting the same low-zoom tiles lock them in the same order.
         let sql = format!(
             "INSERT INTO {table} AS t (zoom, x, y) SELECT * FROM unnest($1::int4[], $2::int4[], $3::int4[]) ORDER BY 1, 2, 3
-             ON CONFLICT (zoom, x, y) DO UPDATE SET last = CURRENT_TIMESTAMP(0)"
+             ON CONFLICT (zoom, x, y) DO UPDATE SET last = CURRENT_TIMESTAMP(0)
+              WHERE t.last IS DISTINCT FROM CURRENT_TIMESTAMP(0)"
         );
         let plan = prepared(client, &sql, &[pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID], true);
         let col = |f: fn(&Tile) -> i32| tiles.iter().map(f).collect::<Vec<i32>>();
