@@ -271,6 +271,49 @@ def test_a_promoted_standby_relays_on_with_the_same_identity(nats_server):
         primary.stop()
 
 
+def test_a_pg_upgraded_cluster_relays_on_with_the_same_identity(nats_server):
+    """pg_upgrade into a new cluster (a new system identifier and data directory, the database's oid
+    kept, as PostgreSQL 15+ keeps it) is the same database: it relays on with no operator step. The
+    upgrade runs within this major: the machine's roots hold one major each (15 -> 17 would need 15's
+    binaries in 17's root), and what identity looks at changes the same way."""
+    settings = (*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'", "feature_outbox.database = 'gis'")
+    old = Cluster(RUN_DIR / "identity_upgrade_old", free_port())
+    new = Cluster(RUN_DIR / "identity_upgrade_new", free_port())
+    old.start(*settings)
+    try:
+        old.create_db("gis")
+        with old.connect("gis") as conn:
+            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+            conn.execute(TABLE)
+            conn.execute("SELECT feature_outbox.register_layer('parcels', 'public.parcels', properties => '{owner}')")
+            system_before = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0]
+        before = identity(old, "gis")
+        first = edit(old, "gis", 1, -105.0, "before")
+        wait_for(lambda: published(old, "gis", first), 10, "the old cluster's edit")
+        old.stop()
+        new.start(*settings)  # initdb'd with the same options, then stopped for pg_upgrade
+        new.stop()
+        subprocess.run(as_postgres(PG_BIN / "pg_upgrade", "-b", PG_BIN, "-B", PG_BIN, "-d", old.dir / "data",
+                                   "-D", new.dir / "data", "-p", free_port(), "-P", free_port(), "--no-sync"),
+                       check=True, cwd=new.dir, stdout=subprocess.DEVNULL)
+        subprocess.run(as_postgres(PG_BIN / "pg_ctl", "-D", new.dir / "data", "-l", new.dir / "server.log", "-w", "start"),
+                       check=True, stdout=subprocess.DEVNULL)
+        after = edit(new, "gis", 1, -104.0, "after", "moved")
+        wait_for(lambda: published(new, "gis", after), 15, "the upgraded cluster's edit, with no operator step")
+        assert identity(new, "gis") == before
+        with new.connect("gis") as conn:
+            system_after = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0]
+            recorded = conn.execute("SELECT system_identifier, data_directory FROM feature_outbox.database_identity").fetchone()
+        assert system_after != system_before, "pg_upgrade made a new cluster"
+        assert recorded == (system_after, str(new.dir / "data")), recorded
+        m = wait_for(lambda: by_event_id(nats_server).get(after), 5, "its event")
+        assert m["event"]["database_id"] == before and m["event"]["event_version"] == 2
+        check_event(new, "gis", m)
+    finally:
+        new.stop()
+        old.stop()
+
+
 def sink_series(c: Cluster, db: str = "gis") -> dict:
     """metrics()'s sink health series of worker 0 of `db`."""
     with c.connect(db) as conn:
