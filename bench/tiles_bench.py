@@ -13,6 +13,7 @@
 
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,25 @@ def spread(values, fmt="{:,.0f}"):
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))} - {fmt.format(max(values))})"
 
 
+def attach(c: Cluster, build: str, attached: bool) -> None:
+    """This build's layer `bench` attached to the output, or not (the earlier build has none)."""
+    if build != "this build":
+        return
+    with c.connect(edit_bench.DB) as conn:
+        rules = conn.execute("SELECT count(*) FROM feature_outbox.expire_rules WHERE layer = 'bench'").fetchone()[0]
+        if attached and not rules:
+            conn.execute("SELECT feature_outbox.expire_layer('bench', 'bench')")
+        elif rules and not attached:
+            conn.execute("SELECT feature_outbox.unexpire_layer('bench', 'bench')")
+
+
+def resume(c: Cluster) -> None:
+    """Starts a stopped cluster again as it was (Cluster.start would make a fresh one)."""
+    as_pg = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else ["sudo", "-u", "postgres"]
+    subprocess.run([*as_pg, str(c.bin / "pg_ctl"), "-D", str(c.dir / "data"), "-l", str(c.dir / "server.log"), "-w", "start"],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def edit_part() -> None:
     """Instructions and TPS of the layer edit, without and with an output."""
     builds = {"this build": PG_BIN, **({OTHER: Path(OTHER_BIN)} if OTHER_BIN else {})}
@@ -55,22 +75,14 @@ def edit_part() -> None:
         for _ in range(ROUNDS):
             for case, b, attached in cases:
                 c, _ = clusters[b]
-                if b == "this build":
-                    with c.connect(edit_bench.DB) as conn:
-                        conn.execute("SELECT feature_outbox.expire_layer('bench', 'bench')" if attached else
-                                     "SELECT feature_outbox.unexpire_layer('bench', 'bench') FROM feature_outbox.expire_rules "
-                                     "WHERE layer = 'bench'")
+                attach(c, b, attached)
                 tps[case].append(edit_bench.pgbench(c, pick))
         for case, b, attached in cases:
             c, _ = clusters[b]
-            if b == "this build":
-                with c.connect(edit_bench.DB) as conn:
-                    conn.execute("SELECT feature_outbox.expire_layer('bench', 'bench')" if attached else
-                                 "SELECT feature_outbox.unexpire_layer('bench', 'bench') FROM feature_outbox.expire_rules "
-                                 "WHERE layer = 'bench'")
+            attach(c, b, attached)
             c.stop()
             ins[case] = ab_bench.instructions_per_edit(c, n, 0, edit_bench.ROWS[LAYER_EDIT][1])
-            c.start()
+            resume(c)
     finally:
         for c, _ in clusters.values():
             c.stop()

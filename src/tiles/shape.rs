@@ -128,15 +128,10 @@ fn project(deg: Shape) -> Shape {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::edit::inspect::tests::wkb;
     use geo::{Geometry, LineString, Point, polygon};
-
-    pub(crate) fn wkb(g: &Geometry) -> Vec<u8> {
-        let mut buf = Vec::new();
-        wkb::writer::write_geometry(&mut buf, g, &Default::default()).unwrap();
-        buf
-    }
 
     #[test]
     fn reads_each_kind_in_world_units() {
