@@ -139,7 +139,6 @@ def drained(conn) -> bool:
 def drain(c: Cluster, run: str, fill) -> tuple[float, int, int]:
     """Events/s of the worker from the commit of a backlog written in one transaction until the
     outbox and the tile queue are empty; the events, and the tiles in the expire table."""
-    relay_settings(c, nats_stream=f"T{run}", nats_subject_prefix=f"t{run}")
     with c.connect("tiles") as conn:
         wait_for(lambda: drained(conn), 600, "the previous run to drain")
         conn.execute("TRUNCATE bench.expire_tiles")

@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS tile_shapes (
     PRIMARY KEY (layer, feature_id)
 );
 SELECT pg_catalog.pg_extension_config_dump('tile_shapes', '');
+-- WKB does not compress (doubles); TOAST would try pglz on every shape over 2 kB first.
+ALTER TABLE tile_shapes ALTER COLUMN shape SET STORAGE EXTERNAL;
 
 -- Edits whose tiles an output has yet to receive; deleted once its destinations took them.
 CREATE TABLE IF NOT EXISTS tile_queue (
@@ -69,6 +71,7 @@ CREATE TABLE IF NOT EXISTS tile_queue (
     PRIMARY KEY (output, outbox_id)
 );
 SELECT pg_catalog.pg_extension_config_dump('tile_queue', '');
+ALTER TABLE tile_queue ALTER COLUMN old_shape SET STORAGE EXTERNAL, ALTER COLUMN new_shape SET STORAGE EXTERNAL;
 
 -- Per output, what the relay delivered and how it went; written by the relay only.
 CREATE TABLE IF NOT EXISTS expire_progress (
