@@ -39,15 +39,20 @@ def as_postgres(*cmd) -> list:
     return (["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []) + [str(a) for a in cmd]
 
 
-@pytest.fixture(scope="module")
-def c(nats_server):
-    c = Cluster(RUN_DIR / "identity", free_port())
-    c.start(*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'", "feature_outbox.database = '*'")
+def gis_with_parcels(c: Cluster) -> None:
+    """Database gis on `c`, with the extension and the layer parcels."""
     c.create_db("gis")
     with c.connect("gis") as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         conn.execute(TABLE)
         conn.execute("SELECT feature_outbox.register_layer('parcels', 'public.parcels', properties => '{owner}')")
+
+
+@pytest.fixture(scope="module")
+def c(nats_server):
+    c = Cluster(RUN_DIR / "identity", free_port())
+    c.start(*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'", "feature_outbox.database = '*'")
+    gis_with_parcels(c)
     yield c
     c.stop()
 
@@ -234,11 +239,7 @@ def test_a_promoted_standby_relays_on_with_the_same_identity(nats_server):
     standby = RUN_DIR / "identity_standby"
     port = free_port()
     try:
-        primary.create_db("gis")
-        with primary.connect("gis") as conn:
-            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-            conn.execute(TABLE)
-            conn.execute("SELECT feature_outbox.register_layer('parcels', 'public.parcels', properties => '{owner}')")
+        gis_with_parcels(primary)
         before = identity(primary, "gis")
         first = edit(primary, "gis", 1, -106.0, "primary")
         wait_for(lambda: published(primary, "gis", first), 10, "the primary's edit")
@@ -281,11 +282,8 @@ def test_a_pg_upgraded_cluster_relays_on_with_the_same_identity(nats_server):
     new = Cluster(RUN_DIR / "identity_upgrade_new", free_port())
     old.start(*settings)
     try:
-        old.create_db("gis")
+        gis_with_parcels(old)
         with old.connect("gis") as conn:
-            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-            conn.execute(TABLE)
-            conn.execute("SELECT feature_outbox.register_layer('parcels', 'public.parcels', properties => '{owner}')")
             system_before = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0]
         before = identity(old, "gis")
         first = edit(old, "gis", 1, -105.0, "before")

@@ -161,6 +161,22 @@ impl ExpireStep {
         more
     }
 
+    /// `run` until no output has a full chunk waiting; false when SIGTERM came meanwhile.
+    pub fn drain(&mut self, me: &WorkerSlot, mut sink: Option<&mut dyn Sink>) -> bool {
+        loop {
+            let sink: Option<&mut dyn Sink> = match &mut sink {
+                Some(s) => Some(&mut **s),
+                None => None,
+            };
+            if !self.run(me, sink) {
+                return true;
+            }
+            if super::stopping() {
+                return false;
+            }
+        }
+    }
+
     /// Whether an output waits out a failure; an idle worker wakes for it in time.
     pub fn next_try(&self) -> Option<Duration> {
         let now = Instant::now();

@@ -99,10 +99,8 @@ impl Worker {
                     self.pipeline.discard();
                     let delay = self.connection.down(&self.me, &reason, retry_after);
                     // The outputs that need no sink (a table, a URL) go on while it is down.
-                    while self.expire.run(&self.me, None) {
-                        if stopping() {
-                            return Next::Stop;
-                        }
+                    if !self.expire.drain(&self.me, None) {
+                        return Next::Stop;
                     }
                     return Next::BackOff(delay);
                 }
@@ -114,10 +112,8 @@ impl Worker {
                 }
             }
         }
-        while self.expire.run(&self.me, self.connection.connected()) {
-            if stopping() {
-                return Next::Stop;
-            }
+        if !self.expire.drain(&self.me, self.connection.connected()) {
+            return Next::Stop;
         }
         self.housekeeping.run_due(Phase::Idle, &self.me);
         self.me.set_state(WorkerState::Idle);

@@ -251,27 +251,25 @@ impl Sink for NatsSink {
             if ensure && js.stream_by_subject(subject.to_string()).await.is_err() {
                 js.get_or_create_stream(wanted).await.map_err(|e| format!("cannot create or find JetStream stream {stream_name} for {subject}: {e}"))?;
             }
+            // The events' own send and PubAck wait: the same timeouts, the same max_payload check.
+            let max_payload = self.client.server_info().max_payload;
             let mut acks = Vec::new();
             for (n, body) in bodies.iter().enumerate() {
                 let mut headers = HeaderMap::new();
                 for (name, value) in extra {
                     headers.insert(*name, value.as_str());
                 }
-                let message = jetstream::message::PublishMessage::build()
-                    .payload(Bytes::from(body.clone()))
-                    .headers(headers)
-                    .message_id(format!("{msg_id}/{n}"));
-                let ack = tokio::time::timeout(timeout, js.send_publish(subject.to_string(), message))
-                    .await
-                    .map_err(|_| "tile list not accepted within feature_outbox.publish_timeout".to_string())?
-                    .map_err(|e| format!("publish tile list: {e}"))?;
-                acks.push(ack);
+                let id = format!("{msg_id}/{n}");
+                acks.push(send(&js, timeout, max_payload, headers, subject.to_string(), &id, Bytes::from(body.clone())).await);
             }
-            for ack in acks {
-                tokio::time::timeout(timeout, ack)
-                    .await
-                    .map_err(|_| "no PubAck for a tile list within feature_outbox.publish_timeout".to_string())?
-                    .map_err(|e| format!("no PubAck for a tile list: {e}"))?;
+            for sent in acks {
+                match acknowledged(sent, timeout).await {
+                    Outcome::Delivered { .. } => {}
+                    Outcome::RowFailed(e) | Outcome::Undeliverable(e) | Outcome::SinkFailed { error: e, .. } => {
+                        return Err(format!("tile list on {subject}: {e}"));
+                    }
+                    Outcome::NotTried => return Err(format!("tile list on {subject}: not sent")),
+                }
             }
             Ok::<_, String>(())
         });

@@ -10,7 +10,7 @@
 //! Tile columns past the antimeridian (x beyond the world) wrap around; rows beyond the world's
 //! edge do not exist and are skipped. Pure Rust.
 
-use super::shape::{Shape, Xy};
+use super::shape::{Shape, Xy, bounds};
 use super::{Mode, Tile};
 
 /// Slack in tile units against rounding: a shape exactly on a grown square's edge touches it
@@ -122,14 +122,9 @@ fn segment(p: Xy, q: Xy, b: f64, c: &mut Collector) -> Result<(), OverCap> {
 
 /// Tiles whose centre lies inside the polygon (even-odd over all its rings), row by row.
 fn area(rings: &[Vec<Xy>], c: &mut Collector) -> Result<(), OverCap> {
-    let (mut ymin, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY);
-    for p in rings.iter().flatten() {
-        ymin = ymin.min(p[1]);
-        ymax = ymax.max(p[1]);
-    }
-    if !ymin.is_finite() {
+    let Some([_, ymin, _, ymax]) = bounds(rings.iter().flatten()) else {
         return Ok(());
-    }
+    };
     let first = ((ymin - 0.5).ceil() as i64).max(0);
     let last = ((ymax - 0.5).floor() as i64).min(c.n - 1);
     let mut xs = Vec::new();

@@ -55,8 +55,7 @@ impl Mode {
             Mode::FullArea => true,
             Mode::BoundaryOnly => false,
             Mode::Hybrid { full_area_limit_m } => {
-                let s = Shape { polygons: vec![rings.to_vec()], ..Default::default() };
-                s.bounds().is_some_and(|b| {
+                shape::bounds(rings.iter().flatten()).is_some_and(|b| {
                     let w = (b[2] - b[0]) * mercator::WORLD_WIDTH_M;
                     let h = (b[3] - b[1]) * mercator::WORLD_WIDTH_M;
                     w <= full_area_limit_m && h <= full_area_limit_m

@@ -21,17 +21,14 @@ pub struct Shape {
     pub polygons: Vec<Vec<Vec<Xy>>>,
 }
 
-impl Shape {
-    /// The box of the shape in world units: [min x, min y, max x, max y].
-    pub fn bounds(&self) -> Option<[f64; 4]> {
-        let all = self.points.iter().chain(self.lines.iter().flatten()).chain(self.polygons.iter().flatten().flatten());
-        all.fold(None, |b: Option<[f64; 4]>, p| {
-            Some(match b {
-                None => [p[0], p[1], p[0], p[1]],
-                Some(b) => [b[0].min(p[0]), b[1].min(p[1]), b[2].max(p[0]), b[3].max(p[1])],
-            })
+/// The box of `points` in world units, [min x, min y, max x, max y]; None for none.
+pub fn bounds<'a>(points: impl IntoIterator<Item = &'a Xy>) -> Option<[f64; 4]> {
+    points.into_iter().fold(None, |b: Option<[f64; 4]>, p| {
+        Some(match b {
+            None => [p[0], p[1], p[0], p[1]],
+            Some(b) => [b[0].min(p[0]), b[1].min(p[1]), b[2].max(p[0]), b[3].max(p[1])],
         })
-    }
+    })
 }
 
 /// Why a stored shape could not be read.
