@@ -395,6 +395,34 @@ def test_two_quick_moves_relayed_together_expire_both_differences(db, dest):
     assert ref["tiles"] - expected(db, "tiles", "moved", a, c)
 
 
+def test_features_edited_before_their_layer_got_an_output_diff_their_first_move(db, dest):
+    """expire_layer keeps the current shape of each feature with events: the first move after it
+    expires the symmetric difference (no box stands in), as every later move does."""
+    fid = 251
+    a = wkt_polygon(rect(8.50, 47.30, 8.60, 47.40))
+    b = wkt_polygon([(8.50, 47.30), (8.60, 47.30), (8.61, 47.41), (8.50, 47.40), (8.50, 47.30)])  # one corner moved
+    rules = db.execute("SELECT output, buffer, diff FROM feature_outbox.expire_rules WHERE layer = 'shapes'").fetchall()
+    for output, _, _ in rules:
+        db.execute("SELECT feature_outbox.unexpire_layer('shapes', %s)", (output,))
+    edit(db, fid, "created", a, name="a")
+    assert db.execute("SELECT count(*) FROM feature_outbox.tile_shapes WHERE layer = 'shapes'").fetchone()[0] == 0
+    for output, buffer, diff in rules:
+        db.execute("SELECT feature_outbox.expire_layer('shapes', %s, buffer => %s, diff => %s)", (output, buffer, diff))
+    # The shape kept is the row's, as the edit stored it.
+    assert db.execute("""SELECT ST_Equals(ST_GeomFromWKB(k.shape, 4326), t.geom) FROM feature_outbox.tile_shapes k
+                           JOIN public.shapes t ON t.id = k.feature_id WHERE k.layer = 'shapes' AND k.feature_id = %s""",
+                      (fid,)).fetchone() == (True,)
+    fallbacks = {o: backlog(db, o)["box_fallbacks"] for o in OUTPUTS}
+    dest.mark()
+    edit(db, fid, "moved", b)
+    wait_drained(db, "the tiles of the first move after expire_layer")
+    check_edit(db, dest, "first move after expire_layer", "moved", old=a, new=b)
+    assert {o: backlog(db, o)["box_fallbacks"] for o in OUTPUTS} == fallbacks
+    # The test means something: the two boxes would have expired more than the difference.
+    both = [t for t in reference(db, "tiles", a, b) if t[0] == 14]
+    assert len(both) > RATIO * len([t for t in expected(db, "tiles", "moved", a, b) if t[0] == 14])
+
+
 # --- 3. one vertex of a county ---------------------------------------------------------------------
 
 def tile_xy(lon, lat, zoom):

@@ -572,7 +572,8 @@ BEGIN
         expires := EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = 'features');
     END IF;
     IF expires THEN
-        PERFORM _tile_keep(currval('outbox_id_seq'), ST_AsBinary(g));
+        PERFORM _tile_keep(currval('outbox_id_seq'), ST_AsBinary(g), p_layer, p_feature_id, p_event_type,
+                           CASE WHEN user_layer THEN w.properties_digest ELSE md5('()')::uuid END);
     END IF;
     IF _wake_relay_for(p_feature_id) IS NULL THEN END IF;  -- sets the owning relay worker's latch if and when this commits
     RETURN new_version;

@@ -54,7 +54,8 @@ REVOKE ALL ON FUNCTION define_expire_output(text, integer, integer, text, text, 
 REVOKE ALL ON FUNCTION drop_expire_output(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION expire_layer(text, text, text, float8, float8, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION unexpire_layer(text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION _tile_keep(bigint, bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _tile_keep(bigint, bytea, text, bigint, text, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _tile_seed(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _expire_table(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION metrics() TO pg_monitor;
 GRANT SELECT ON expire_backlog TO pg_monitor;

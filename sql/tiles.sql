@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS tile_shapes (
 SELECT pg_catalog.pg_extension_config_dump('tile_shapes', '');
 -- WKB does not compress (doubles); TOAST would try pglz on every shape over 2 kB first.
 ALTER TABLE tile_shapes ALTER COLUMN shape SET STORAGE EXTERNAL;
+-- Room on each page for the next version of its rows: an edit's swap of the kept shape then stays
+-- on the page (a HOT update, no index entry).
+ALTER TABLE tile_shapes SET (fillfactor = 80);
 
 -- Edits whose tiles an output has yet to receive; deleted once its destinations took them.
 CREATE TABLE IF NOT EXISTS tile_queue (
@@ -88,37 +91,91 @@ CREATE TABLE IF NOT EXISTS expire_progress (
 );
 
 -- Queues an edit's shapes for each output its layer is attached to, and keeps the feature's new
--- shape. Called by _edit after it wrote outbox row p_outbox_id, for layers with an output only;
--- p_new is the stored geometry as EPSG:4326 WKB (NULL when the edit carried none).
-CREATE OR REPLACE FUNCTION _tile_keep(p_outbox_id bigint, p_new bytea) RETURNS void
+-- shape. Called after outbox row p_outbox_id was written, for layers with an output only: by _edit
+-- with the row's layer, feature, event type and properties digest; by backfill and resync with
+-- those NULL (read from the row). p_new is the stored geometry as EPSG:4326 WKB (NULL when the
+-- edit carried none).
+CREATE OR REPLACE FUNCTION _tile_keep(p_outbox_id bigint, p_new bytea, p_layer text DEFAULT NULL, p_feature_id bigint DEFAULT NULL,
+                                      p_event_type text DEFAULT NULL, p_digest uuid DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    o record;
-    kept record;
+    -- Two statements on the common path (the kept shape swapped and read back in one, then the
+    -- queue): every statement costs an edit of such a layer an executor start and end, the bulk
+    -- of what tiles add to it (issue 39's edit path target).
+    v_kept bytea;
+    v_kept_digest uuid;
+    v_previous_bbox float8[];
 BEGIN
-    SELECT b.layer, b.feature_id, b.event_type, b.previous_bbox, b.properties_digest INTO o FROM outbox b WHERE b.id = p_outbox_id;
-    SELECT s.shape, s.properties_digest INTO kept FROM tile_shapes s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
-    IF p_new IS NULL AND kept.shape IS NULL AND o.previous_bbox IS NULL THEN
-        -- No shape at all (a snapshot of a feature never kept): its current box stands in.
-        SELECT s.bbox INTO o.previous_bbox FROM feature_state s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
+    IF p_layer IS NULL THEN
+        SELECT b.layer, b.feature_id, b.event_type, b.properties_digest INTO p_layer, p_feature_id, p_event_type, p_digest
+          FROM outbox b WHERE b.id = p_outbox_id;
+    END IF;
+    IF p_event_type = 'retired' THEN
+        DELETE FROM tile_shapes s WHERE s.layer = p_layer AND s.feature_id = p_feature_id
+        RETURNING s.shape, s.properties_digest INTO v_kept, v_kept_digest;
+    ELSE
+        -- The join reads the row as the statement found it: RETURNING k.* is the shape before.
+        UPDATE tile_shapes s SET shape = coalesce(p_new, k.shape), properties_digest = p_digest
+          FROM tile_shapes k
+         WHERE s.layer = p_layer AND s.feature_id = p_feature_id AND k.layer = p_layer AND k.feature_id = p_feature_id
+        RETURNING k.shape, k.properties_digest INTO v_kept, v_kept_digest;
+        IF NOT FOUND AND p_new IS NOT NULL THEN
+            INSERT INTO tile_shapes AS s (layer, feature_id, shape, properties_digest) VALUES (p_layer, p_feature_id, p_new, p_digest)
+            ON CONFLICT (layer, feature_id) DO UPDATE SET shape = EXCLUDED.shape, properties_digest = EXCLUDED.properties_digest;
+        END IF;
+    END IF;
+    IF v_kept IS NULL AND (p_new IS NULL OR p_event_type = 'moved') THEN
+        -- An old side never kept: the box the outbox row recorded stands in for it, and where there
+        -- is none either (a snapshot of a feature never kept), the feature's current box.
+        SELECT b.previous_bbox INTO v_previous_bbox FROM outbox b WHERE b.id = p_outbox_id;
+        IF p_new IS NULL AND v_previous_bbox IS NULL THEN
+            SELECT f.bbox INTO v_previous_bbox FROM feature_state f WHERE f.layer = p_layer AND f.feature_id = p_feature_id;
+        END IF;
     END IF;
     INSERT INTO tile_queue (output, outbox_id, layer, event_type, old_shape, new_shape, previous_bbox, properties_changed,
                             mode, buffer, full_area_limit, diff)
-    SELECT r.output, p_outbox_id, o.layer, o.event_type,
-           CASE WHEN o.event_type IN ('created', 'snapshot') THEN NULL
-                WHEN o.event_type = 'retired' THEN coalesce(kept.shape, p_new) ELSE kept.shape END,
-           CASE WHEN o.event_type = 'retired' THEN NULL ELSE coalesce(p_new, kept.shape) END,
-           o.previous_bbox, kept.properties_digest IS DISTINCT FROM o.properties_digest,
+    SELECT r.output, p_outbox_id, p_layer, p_event_type,
+           CASE WHEN p_event_type IN ('created', 'snapshot') THEN NULL
+                WHEN p_event_type = 'retired' THEN coalesce(v_kept, p_new) ELSE v_kept END,
+           CASE WHEN p_event_type = 'retired' THEN NULL ELSE coalesce(p_new, v_kept) END,
+           v_previous_bbox, v_kept_digest IS DISTINCT FROM p_digest,
            r.mode, r.buffer, r.full_area_limit, r.diff
-      FROM expire_rules r WHERE r.layer = o.layer;
-    IF o.event_type = 'retired' THEN
-        DELETE FROM tile_shapes s WHERE s.layer = o.layer AND s.feature_id = o.feature_id;
-    ELSIF coalesce(p_new, kept.shape) IS NOT NULL THEN
-        INSERT INTO tile_shapes AS s (layer, feature_id, shape, properties_digest)
-        VALUES (o.layer, o.feature_id, coalesce(p_new, kept.shape), o.properties_digest)
-        ON CONFLICT (layer, feature_id) DO UPDATE SET shape = EXCLUDED.shape, properties_digest = EXCLUDED.properties_digest;
+      FROM expire_rules r WHERE r.layer = p_layer;
+END
+$$;
+
+-- Keeps the current shape of each of a layer's live features that has had an event (as
+-- EPSG:4326 WKB, with the properties digest of its last event), read from its table with the
+-- caller's rights: run by expire_layer when the layer gets its first output. Returns the count.
+CREATE OR REPLACE FUNCTION _tile_seed(p_layer text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    lay layer_registry;
+    n bigint;
+BEGIN
+    SELECT * INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+    IF p_layer = 'features' THEN
+        INSERT INTO tile_shapes (layer, feature_id, shape, properties_digest)
+        SELECT p_layer, f.id, ST_AsBinary(f.geom), s.properties_digest
+          FROM features f JOIN feature_state s ON s.layer = p_layer AND s.feature_id = f.id
+         WHERE f.retired_at IS NULL;
+    ELSE
+        EXECUTE format('INSERT INTO tile_shapes (layer, feature_id, shape, properties_digest)
+                        SELECT $1, s.feature_id, ST_AsBinary(ST_Transform(t.%1$I, 4326)), s.properties_digest
+                          FROM %2$s t %3$s
+                          JOIN feature_state s ON s.layer = $1 AND s.feature_id = %4$s
+                         WHERE t.%1$I IS NOT NULL AND NOT ST_IsEmpty(t.%1$I)%5$s',
+                       lay.geometry_column, lay.tbl,
+                       CASE WHEN _key_cast(lay.id_type) = 'bigint' THEN ''
+                            ELSE format('JOIN feature_keys k ON k.layer = $1 AND k.feature_key = t.%I::text', lay.id_column) END,
+                       CASE WHEN _key_cast(lay.id_type) = 'bigint' THEN format('t.%I::bigint', lay.id_column) ELSE 'k.feature_id' END,
+                       CASE WHEN lay.retired_column IS NULL THEN '' ELSE format(' AND t.%I IS NULL', lay.retired_column) END)
+          USING p_layer;
     END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END
 $$;
 
@@ -250,9 +307,11 @@ BEGIN
             HINT = 'Define it first with define_expire_output().';
     END IF;
     PERFORM _expire_rule_check(0, 0, coalesce(buffer, -1), coalesce(mode, ''), full_area_limit, 1);
-    -- The layer's first output: shapes kept by an earlier attachment are stale.
+    -- The layer's first output: shapes kept by an earlier attachment are stale; each feature's
+    -- current shape is kept instead, so that its first move from now on expires the difference.
     IF NOT EXISTS (SELECT 1 FROM expire_rules r WHERE r.layer = expire_layer.layer) THEN
         DELETE FROM tile_shapes s WHERE s.layer = expire_layer.layer;
+        PERFORM _tile_seed(expire_layer.layer);
     END IF;
     INSERT INTO expire_rules AS r (layer, output, mode, buffer, full_area_limit, diff)
     VALUES (layer, output, mode, buffer, full_area_limit, coalesce(diff, true))

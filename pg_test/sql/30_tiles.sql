@@ -108,3 +108,19 @@ SELECT try($$SELECT * FROM feature_outbox.expire_backlog$$);
 SELECT count(*) AS tiles_touched_is_everyones FROM feature_outbox.tiles_touched(ST_SetSRID(ST_MakePoint(0, 0), 4326), 0);
 RESET ROLE;
 DROP ROLE regress_tiles_plain;
+
+-- A layer's first output keeps the current shape of each feature with events, whatever its key and
+-- SRID: as EPSG:4326, retired rows (retired column set) and rows without events left out.
+CREATE TABLE public.plots (code text PRIMARY KEY, geom geometry(Polygon, 3857) NOT NULL, version integer NOT NULL DEFAULT 0,
+                           gone_at timestamptz);
+SELECT feature_outbox.register_layer('plots', 'public.plots', id_column => 'code', retired_column => 'gone_at');
+SELECT feature_outbox.edit_feature('plots', 'a-1', ST_Transform(ST_MakeEnvelope(13.40, 52.50, 13.41, 52.51, 4326), 3857), 'created');
+SELECT feature_outbox.edit_feature('plots', 'b-2', ST_Transform(ST_MakeEnvelope(13.42, 52.50, 13.43, 52.51, 4326), 3857), 'created');
+SELECT feature_outbox.edit_feature('plots', 'b-2', NULL::geometry, 'retired');
+INSERT INTO public.plots (code, geom) VALUES ('c-3', ST_Transform(ST_MakeEnvelope(13.44, 52.50, 13.45, 52.51, 4326), 3857));
+SELECT feature_outbox.define_expire_output('plots', 14, "table" => 'public.plot_tiles');
+SELECT feature_outbox.expire_layer('plots', 'plots');
+SELECT k.feature_key, ST_AsText(ST_GeomFromWKB(s.shape), 4) AS kept
+  FROM feature_outbox.tile_shapes s JOIN feature_outbox.feature_keys k ON k.layer = s.layer AND k.feature_id = s.feature_id
+ WHERE s.layer = 'plots';
+SELECT feature_outbox.drop_expire_output('plots');
