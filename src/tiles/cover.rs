@@ -65,16 +65,28 @@ pub fn cover(shape: &Shape, buffer: f64, mode: Mode, c: &mut Collector) -> Resul
     for p in &shape.points {
         point(t(p), buffer, c)?;
     }
+    // One buffer of tile-unit coordinates for every line and ring of the shape.
+    let mut scaled: Vec<Xy> = Vec::new();
+    let mut starts: Vec<usize> = Vec::new();
     for l in &shape.lines {
-        line(&l.iter().map(t).collect::<Vec<_>>(), buffer, c)?;
+        scaled.clear();
+        scaled.extend(l.iter().map(t));
+        line(&scaled, buffer, c)?;
     }
     for poly in &shape.polygons {
-        let rings: Vec<Vec<Xy>> = poly.iter().map(|r| r.iter().map(t).collect()).collect();
-        for r in &rings {
+        scaled.clear();
+        starts.clear();
+        for r in poly {
+            starts.push(scaled.len());
+            scaled.extend(r.iter().map(t));
+        }
+        starts.push(scaled.len());
+        let rings = || starts.windows(2).map(|w| &scaled[w[0]..w[1]]);
+        for r in rings() {
             line(r, buffer, c)?;
         }
         if mode.full_area(poly) {
-            area(&rings, c)?;
+            area(rings(), c)?;
         }
     }
     Ok(())
@@ -121,8 +133,8 @@ fn segment(p: Xy, q: Xy, b: f64, c: &mut Collector) -> Result<(), OverCap> {
 }
 
 /// Tiles whose centre lies inside the polygon (even-odd over all its rings), row by row.
-fn area(rings: &[Vec<Xy>], c: &mut Collector) -> Result<(), OverCap> {
-    let Some([_, ymin, _, ymax]) = bounds(rings.iter().flatten()) else {
+fn area<'r>(rings: impl Iterator<Item = &'r [Xy]> + Clone, c: &mut Collector) -> Result<(), OverCap> {
+    let Some([_, ymin, _, ymax]) = bounds(rings.clone().flatten()) else {
         return Ok(());
     };
     let first = ((ymin - 0.5).ceil() as i64).max(0);
@@ -131,7 +143,7 @@ fn area(rings: &[Vec<Xy>], c: &mut Collector) -> Result<(), OverCap> {
     for ty in first..=last {
         let yc = ty as f64 + 0.5;
         xs.clear();
-        for w in rings.iter().flat_map(|r| r.windows(2)) {
+        for w in rings.clone().flat_map(|r| r.windows(2)) {
             let (a, b) = (w[0], w[1]);
             if (a[1] <= yc) != (b[1] <= yc) {
                 xs.push(a[0] + (yc - a[1]) * (b[0] - a[0]) / (b[1] - a[1]));
