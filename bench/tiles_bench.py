@@ -147,7 +147,7 @@ def drain(c: Cluster, run: str, fill) -> tuple[float, int, int]:
             fill(conn)
             events = conn.execute("SELECT count(*) FROM feature_outbox.outbox WHERE published_at IS NULL").fetchone()[0]
             # The statistics autovacuum would give the relay within a minute: planned from those of the
-            # empty outbox VACUUM left, its claim probes every waiting row for each (see FAULTS.md).
+            # empty outbox VACUUM left, its claim probes every waiting row for each (829 ev/s, not 29,795).
             conn.execute("ANALYZE feature_outbox.outbox, feature_outbox.tile_queue")
         t = time.monotonic()
         # Polled every 5 ms: a county backlog drains in about 0.2 s.

@@ -204,6 +204,9 @@ class Ledger:
     committed: dict = field(default_factory=dict)    # event_id -> (layer, feature_id, version)
     rolled_back: set = field(default_factory=set)     # event_ids of edits rolled back
     uncertain: set = field(default_factory=set)       # event_ids whose COMMIT was cut off
+    # event_id -> ((lon, lat) written, (lon, lat) before it or None where unknown): the tile drills'
+    # check of each edit's old and new tiles.
+    positions: dict = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -244,6 +247,7 @@ class Editors:
         rng = random.Random(index)
         base = 1_000_000 * (index + 1)
         versions = {}   # feature -> committed version
+        at = {}         # feature -> its committed position, None when its last COMMIT was cut off
         done, conn = 0, None
         while not self.stopping.is_set() and (self.limit is None or done < self.limit):
             if conn is None:
@@ -256,9 +260,10 @@ class Editors:
             fid = base + rng.randrange(self.features)
             kind = "moved" if fid in versions else "created"
             event_id = None
+            position = (rng.uniform(-120, -70), rng.uniform(25, 49))
             try:
                 conn.execute(f"SELECT feature_outbox.edit_feature('{LAYER}', %s, ST_SetSRID(ST_MakePoint(%s, %s), 4326), %s)",
-                             (fid, rng.uniform(-120, -70), rng.uniform(25, 49), kind))
+                             (fid, *position, kind))
                 event_id = conn.execute("SELECT event_id::text, feature_version FROM feature_outbox.outbox WHERE layer = %s AND feature_id = %s"
                                         " ORDER BY id DESC LIMIT 1", (LAYER, fid)).fetchone()
             except psycopg.errors.UniqueViolation:
@@ -284,11 +289,15 @@ class Editors:
                     # The COMMIT was sent and the connection died: it may have committed.
                     with self.ledger.lock:
                         self.ledger.uncertain.add(eid)
+                        self.ledger.positions[eid] = (position, at.get(fid))
+                    at[fid] = None
                     conn = self._reset(conn)
                     continue
                 with self.ledger.lock:
                     self.ledger.committed[eid] = (LAYER, fid, version)
+                    self.ledger.positions[eid] = (position, at.get(fid))
                 versions[fid] = version
+                at[fid] = position
                 done += 1
             if self.rate:
                 time.sleep(1.0 / self.rate)

@@ -30,6 +30,7 @@ from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubs
                     kill_tree, nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
+from tile_drills import tiles_postmaster_crash, tiles_worker_kill  # noqa: E402
 
 
 @contextmanager
@@ -522,6 +523,8 @@ DRILLS = {
     "out_of_order": out_of_order,
     "load": load,
     "many_databases": many_databases,
+    "tiles_worker_kill": tiles_worker_kill,
+    "tiles_postmaster_crash": tiles_postmaster_crash,
 }
 NATS_DRILLS = {"worker_kill", "jetstream_cluster", "nats_outage", "stream_deleted"}
 
