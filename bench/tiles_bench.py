@@ -165,14 +165,16 @@ def points(layer: str):
     return fill
 
 
-def vertex_moves(layer: str):
-    """The second vertex of each single-ring county nudged by about 1 m, recorded as the application
-    would (its own UPDATE, then record_edit)."""
+def vertex_moves(layer: str, times: int = 4):
+    """The second vertex of each single-ring county nudged by about 1 m, `times` over, recorded as the
+    application would (its own UPDATE, then record_edit): about 12,000 events, so that a drain lasts
+    long enough (0.5 s) for its rate to mean something."""
     def fill(conn):
         single = "GeometryType(geom) = 'POLYGON' AND ST_NumInteriorRings(geom) = 0"
-        conn.execute(f"""UPDATE bench.{layer} SET geom = ST_MakePolygon(ST_SetPoint(ST_ExteriorRing(geom), 1,
-                                ST_Translate(ST_PointN(ST_ExteriorRing(geom), 2), 0.00001, 0.00001))) WHERE {single}""")
-        conn.execute(f"SELECT feature_outbox.record_edit('{layer}', id, 'moved') FROM bench.{layer} WHERE {single}")
+        for _ in range(times):
+            conn.execute(f"""UPDATE bench.{layer} SET geom = ST_MakePolygon(ST_SetPoint(ST_ExteriorRing(geom), 1,
+                                    ST_Translate(ST_PointN(ST_ExteriorRing(geom), 2), 0.00001, 0.00001))) WHERE {single}""")
+            conn.execute(f"SELECT feature_outbox.record_edit('{layer}', id, 'moved') FROM bench.{layer} WHERE {single}")
     return fill
 
 

@@ -30,9 +30,6 @@ const CHUNK: i64 = 1000;
 /// A chunk stops taking edits once it holds this many tiles (12 bytes each): the edits after stay
 /// queued for the next chunk, so full covers of large shapes never hold gigabytes.
 const CHUNK_TILES: usize = 2_000_000;
-/// Rows whose tiles are computed together, on two threads: enough to spread a thread's start
-/// (tens of µs) thin, few enough that their tiles stay small before the chunk merges them.
-const PARALLEL_ROWS: usize = 128;
 /// An output whose delivery failed waits at least this long, at most the cap, doubling.
 const WAIT_MIN: Duration = Duration::from_secs(1);
 const WAIT_MAX: Duration = Duration::from_secs(60);
@@ -240,12 +237,11 @@ fn chunk(
     let claimed_rows = rows.len();
     let claimed = started.elapsed();
     // The edits this chunk takes: all, unless their tiles pass CHUNK_TILES first (the first edit
-    // always goes, so that the queue moves). Their tiles come PARALLEL_ROWS rows at a time.
+    // always goes, so that the queue moves).
     let mut taken = 0;
     let mut figures = Figures::default();
     let mut tiles: Vec<Tile> = Vec::new();
-    let expired_rows = rows.chunks(PARALLEL_ROWS).flat_map(|b| b.iter().zip(expire_rows(b, output)));
-    for (row, (expired, boxed)) in expired_rows {
+    for row in &rows {
         if tiles.len() >= CHUNK_TILES {
             tiles.sort_unstable();
             tiles.dedup();
@@ -254,6 +250,7 @@ fn chunk(
             }
         }
         taken += 1;
+        let (expired, boxed) = expire_row(row, output);
         if expired.fell_back_to_boundary {
             figures.boundary_fallbacks += 1;
             log!("{}: expire output {}: outbox row {} is over max_tiles_geometry ({}): only its boundary's tiles{}",
@@ -311,25 +308,6 @@ fn chunk(
         (delivered - computed).as_micros(), (started.elapsed() - delivered).as_micros()
     );
     Ok(taken < claimed_rows || claimed_rows as i64 >= CHUNK)
-}
-
-/// Each row's tiles and whether a box stood in. The tile math is pure Rust on owned bytes (no
-/// PostgreSQL call, which may only happen on the main thread), so half the rows go to a second
-/// thread, started with every signal blocked (src/signals.rs): one-vertex county moves spend
-/// most of a chunk here, and the second core is otherwise idle once the events are out.
-fn expire_rows(rows: &[Queued], output: &Output) -> Vec<(Expired, bool)> {
-    if rows.len() < 16 {
-        return rows.iter().map(|r| expire_row(r, output)).collect();
-    }
-    let (mine, theirs) = rows.split_at(rows.len() / 2);
-    crate::signals::blocked(|| {
-        std::thread::scope(|scope| {
-            let other = scope.spawn(|| theirs.iter().map(|r| expire_row(r, output)).collect::<Vec<_>>());
-            let mut out: Vec<_> = mine.iter().map(|r| expire_row(r, output)).collect();
-            out.extend(other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
-            out
-        })
-    })
 }
 
 /// The tiles of one queued edit, and whether a box stood in for a shape that was never kept.
