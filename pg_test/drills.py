@@ -28,13 +28,14 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
 import psycopg
 
-from conftest import ROOT, RUN_DIR, VENV, Cluster, free_port
+from conftest import PG_BIN, ROOT, RUN_DIR, VENV, Cluster, free_port
 from relay_harness import consume, wait_for
 
 DB = "drills"
@@ -158,6 +159,57 @@ def start_cluster(name: str, *settings: str, endpoint: str = "") -> Cluster:
         conn.execute(TABLE)
         conn.execute(f"SELECT feature_outbox.register_layer('{LAYER}', 'public.drill')")
     return c
+
+
+@contextmanager
+def nats_and_cluster(name: str, version: str, *settings: str):
+    """A nats-server and a cluster relaying to it, both stopped afterwards."""
+    server = Nats(RUN_DIR / "drills" / f"nats_{name}", nats_binary(version))
+    server.start()
+    c = start_cluster(name, *settings, endpoint=server.url)
+    try:
+        yield server, c
+    finally:
+        c.stop()
+        server.stop()
+
+
+def workers(c: Cluster, *columns: str) -> list[tuple]:
+    with c.connect(DB) as conn:
+        return conn.execute(f"SELECT {', '.join(columns)} FROM feature_outbox.workers ORDER BY worker").fetchall()
+
+
+def running(c: Cluster, n: int) -> bool:
+    try:
+        return sum(1 for (pid,) in workers(c, "pid") if pid) == n
+    except psycopg.Error:
+        return False
+
+
+def pg_ctl(c: Cluster, *args) -> None:
+    as_pg = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_pg, PG_BIN / "pg_ctl", "-D", c.dir / "data", *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def crash_and_restart(c: Cluster) -> None:
+    """The postmaster stopped with -m immediate (a crash: no checkpoint, backends killed), then started."""
+    pg_ctl(c, "-m", "immediate", "stop")
+    time.sleep(1)
+    pg_ctl(c, "-l", c.dir / "server.log", "-w", "start")
+
+
+def kill_workers(c: Cluster, times: int, n: int) -> None:
+    """Kills one of the `n` relay workers `times` over, 0.7 s apart, each once all `n` run:
+    pg_terminate_backend and kill -9 in turn (after kill -9 the postmaster resets every backend)."""
+    for i in range(times):
+        time.sleep(0.7)
+        wait_for(lambda: running(c, n), 30, f"the {n} relay workers to run")
+        pid = workers(c, "pid")[i % n][0]
+        if i % 2 == 0:
+            with c.connect(DB) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        else:
+            subprocess.run(["kill", "-9", str(pid)], check=False)
 
 
 def backlog(c: Cluster, db: str = DB) -> int:

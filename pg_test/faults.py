@@ -7,7 +7,6 @@ them full and writes pg_test/FAULTS.md; pg_test/test_faults.py runs each short i
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
 import email.utils
 import json
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import nats
@@ -26,24 +24,12 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
-from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubscriber, Editors, Nats, Row, drain, relay_pids,  # noqa: E402
+from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubscriber, Editors, Nats, Row, crash_and_restart,  # noqa: E402
+                    drain, kill_workers, nats_and_cluster, relay_pids, running, workers,
                     kill_tree, nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
 from tile_drills import tiles_postmaster_crash, tiles_worker_kill  # noqa: E402
-
-
-@contextmanager
-def nats_and_cluster(name: str, version: str, *settings: str):
-    """A nats-server and a cluster relaying to it, both stopped afterwards."""
-    server = Nats(RUN_DIR / "drills" / f"nats_{name}", nats_binary(version))
-    server.start()
-    c = start_cluster(name, *settings, endpoint=server.url)
-    try:
-        yield server, c
-    finally:
-        c.stop()
-        server.stop()
 
 
 def settle(c: Cluster, editors: Editors, recovered: float, seconds: float = 2.0):
@@ -53,33 +39,13 @@ def settle(c: Cluster, editors: Editors, recovered: float, seconds: float = 2.0)
     return ledger, drain(c, recovered)
 
 
-def workers(c: Cluster, *columns: str) -> list[tuple]:
-    with c.connect(DB) as conn:
-        return conn.execute(f"SELECT {', '.join(columns)} FROM feature_outbox.workers ORDER BY worker").fetchall()
-
-
-def running(c: Cluster, n: int) -> bool:
-    try:
-        return sum(1 for (pid,) in workers(c, "pid") if pid) == n
-    except psycopg.Error:
-        return False
-
-
 # ---- 1. a relay worker terminated mid-batch -----------------------------------------------------------------
 
 def worker_kill(short: bool, nats_version: str = "debian") -> Row:
     with nats_and_cluster("kill", nats_version, "feature_outbox.relay_workers = 2", PIPELINED) as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         times = 4 if short else 10
-        for i in range(times):
-            time.sleep(0.7)
-            wait_for(lambda: running(c, 2), 30, "both workers to run")
-            pid = workers(c, "pid")[i % 2][0]
-            if i % 2 == 0:
-                with c.connect(DB) as conn:
-                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            else:
-                subprocess.run(["kill", "-9", str(pid)], check=False)  # the postmaster resets every backend
+        kill_workers(c, times, 2)
         recovered = time.time()
         wait_for(lambda: running(c, 2), 30, "the workers to come back")
         ledger, drain_s = settle(c, editors, recovered, 1)
@@ -98,19 +64,12 @@ def postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
                           "feature_outbox.wake_at_commit = off") as (server, c):
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2 if short else 5)
-        pg_ctl(c, "-m", "immediate", "stop")
-        time.sleep(1)
-        pg_ctl(c, "-l", c.dir / "server.log", "-w", "start")
+        crash_and_restart(c)
         recovered = time.time()
         ledger, drain_s = settle(c, editors, recovered, 2 if short else 5)
         row = tally("2. postmaster crash (-m immediate), fsync on", ledger, read_stream([server.url]), drain_s)
         row.checks = {"the catch-up ran pipelined": PIPELINED_LOG in c.log()}
         return row
-
-
-def pg_ctl(c: Cluster, *args) -> None:
-    as_pg = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*as_pg, PG_BIN / "pg_ctl", "-D", c.dir / "data", *args], check=True, stdout=subprocess.DEVNULL)
 
 
 # ---- 3. a 3-node JetStream cluster loses its leader, then its quorum ------------------------------------------

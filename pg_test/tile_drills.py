@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
 import time
 
 import nats
 import psycopg
 
-from drills import DB, LAYER, PIPELINED, Editors, Ledger, Nats, Row, drain, nats_binary, start_cluster
-from conftest import RUN_DIR
+from drills import DB, LAYER, PIPELINED, Editors, Ledger, Row, crash_and_restart, drain, kill_workers, nats_and_cluster, running
 from relay_harness import wait_for
 
 OUTPUT = "drill"
@@ -90,18 +88,16 @@ def tally_tiles(name: str, ledger: Ledger, table: set, lists: set, repeats: int,
 
 
 def with_tiles(name: str, label: str, fault, short: bool, nats_version: str, *settings: str) -> Row:
-    """Editors on a layer with an expire output (table and NATS lists), `fault(c)` mid-run, then the
-    editors go on, stop, and the outbox and the tile queue drain."""
-    server = Nats(RUN_DIR / "drills" / f"nats_{name}", nats_binary(nats_version))
-    server.start()
-    c = start_cluster(name, *settings, endpoint=server.url)
-    try:
+    """Editors on a layer with an expire output (table and NATS lists), `fault(c, short)` mid-run (it
+    returns what it did), then the editors go on, stop, and the outbox and the tile queue drain."""
+    with nats_and_cluster(name, nats_version, *settings) as (server, c):
         with c.connect(DB) as conn:
             for sql in SETUP:
                 conn.execute(sql)
         editors = Editors(c, n=3, rate=100).start()
         note = fault(c, short)
         recovered = time.time()
+        wait_for(lambda: running(c, 1), 30, "the relay worker to run")
         time.sleep(1 if short else 3)
         ledger = editors.stop()
         drain_s = drain(c, recovered)
@@ -114,46 +110,25 @@ def with_tiles(name: str, label: str, fault, short: bool, nats_version: str, *se
             row.checks = {"the output delivered lists": conn.execute(
                 "SELECT lists_sent > 0 FROM feature_outbox.expire_backlog WHERE output = %s", (OUTPUT,)).fetchone()[0]}
         return row
-    finally:
-        c.stop()
-        server.stop()
 
 
-def kill_workers(c, short: bool) -> str:
+def kill_worker(c, short: bool) -> str:
     times = 4 if short else 10
-    for i in range(times):
-        time.sleep(0.7)
-        wait_for(lambda: relay_pid(c), 30, "the worker to run")
-        pid = relay_pid(c)
-        if i % 2 == 0:
-            with c.connect(DB) as conn:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        else:
-            subprocess.run(["kill", "-9", str(pid)], check=False)
-    wait_for(lambda: relay_pid(c), 30, "the worker to come back")
+    kill_workers(c, times, 1)
     return f"worker killed x{times}"
 
 
-def relay_pid(c):
-    try:
-        with c.connect(DB) as conn:
-            return conn.execute("SELECT max(pid) FROM feature_outbox.workers").fetchone()[0]
-    except psycopg.Error:
-        return None
-
-
 def crash_postmaster(c, short: bool) -> str:
-    from faults import pg_ctl
     time.sleep(2 if short else 5)
-    pg_ctl(c, "-m", "immediate", "stop")
-    time.sleep(1)
-    pg_ctl(c, "-l", c.dir / "server.log", "-w", "start")
+    crash_and_restart(c)
     return "postmaster stopped -m immediate and started"
 
 
 def tiles_worker_kill(short: bool, nats_version: str = "debian") -> Row:
-    return with_tiles("tiles_kill", "12. tiles: relay worker killed mid-batch, expire output on", kill_workers, short, nats_version, PIPELINED)
+    return with_tiles("tiles_kill", "12. tiles: relay worker killed mid-batch, expire output on", kill_worker, short,
+                      nats_version, PIPELINED)
 
 
 def tiles_postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
-    return with_tiles("tiles_crash", "13. tiles: postmaster crash, expire output on", crash_postmaster, short, nats_version, PIPELINED, "feature_outbox.wake_at_commit = off")
+    return with_tiles("tiles_crash", "13. tiles: postmaster crash, expire output on", crash_postmaster, short, nats_version,
+                      PIPELINED, "feature_outbox.wake_at_commit = off")
