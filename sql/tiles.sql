@@ -153,9 +153,11 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     lay layer_registry;
+    keyed boolean;  -- the layer's key is uuid or text: its numbers are in feature_keys
     n bigint;
 BEGIN
     SELECT * INTO lay FROM layer_registry r WHERE r.layer = p_layer;
+    keyed := _key_cast(lay.id_type) <> 'bigint';
     IF p_layer = 'features' THEN
         INSERT INTO tile_shapes (layer, feature_id, shape, properties_digest)
         SELECT p_layer, f.id, ST_AsBinary(f.geom), s.properties_digest
@@ -168,9 +170,9 @@ BEGIN
                           JOIN feature_state s ON s.layer = $1 AND s.feature_id = %4$s
                          WHERE t.%1$I IS NOT NULL AND NOT ST_IsEmpty(t.%1$I)%5$s',
                        lay.geometry_column, lay.tbl,
-                       CASE WHEN _key_cast(lay.id_type) = 'bigint' THEN ''
-                            ELSE format('JOIN feature_keys k ON k.layer = $1 AND k.feature_key = t.%I::text', lay.id_column) END,
-                       CASE WHEN _key_cast(lay.id_type) = 'bigint' THEN format('t.%I::bigint', lay.id_column) ELSE 'k.feature_id' END,
+                       CASE WHEN keyed THEN format('JOIN feature_keys k ON k.layer = $1 AND k.feature_key = t.%I::text', lay.id_column)
+                            ELSE '' END,
+                       CASE WHEN keyed THEN 'k.feature_id' ELSE format('t.%I::bigint', lay.id_column) END,
                        CASE WHEN lay.retired_column IS NULL THEN '' ELSE format(' AND t.%I IS NULL', lay.retired_column) END)
           USING p_layer;
     END IF;
