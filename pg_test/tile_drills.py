@@ -87,17 +87,18 @@ def tally_tiles(name: str, ledger: Ledger, table: set, lists: set, repeats: int,
                note, lost_ids=lost, invented_ids=invented)
 
 
-def with_tiles(name: str, label: str, fault, short: bool, nats_version: str, *settings: str) -> Row:
+def with_tiles(name: str, label: str, fault, short: bool, nats_version: str, *settings: str, workers: int = 1) -> Row:
     """Editors on a layer with an expire output (table and NATS lists), `fault(c, short)` mid-run (it
-    returns what it did), then the editors go on, stop, and the outbox and the tile queue drain."""
-    with nats_and_cluster(name, nats_version, *settings) as (server, c):
+    returns what it did), then the editors go on, stop, and the outbox and the tile queue drain.
+    With `workers` relay workers, which share the tile queue by outbox id (src/relay/expire.rs)."""
+    with nats_and_cluster(name, nats_version, *settings, f"feature_outbox.relay_workers = {workers}") as (server, c):
         with c.connect(DB) as conn:
             for sql in SETUP:
                 conn.execute(sql)
         editors = Editors(c, n=3, rate=100).start()
         note = fault(c, short)
         recovered = time.time()
-        wait_for(lambda: running(c, 1), 30, "the relay worker to run")
+        wait_for(lambda: running(c, workers), 30, "the relay workers to run")
         time.sleep(1 if short else 3)
         ledger = editors.stop()
         drain_s = drain(c, recovered)
@@ -112,10 +113,10 @@ def with_tiles(name: str, label: str, fault, short: bool, nats_version: str, *se
         return row
 
 
-def kill_worker(c, short: bool) -> str:
+def kill_one_of_two(c, short: bool) -> str:
     times = 4 if short else 10
-    kill_workers(c, times, 1)
-    return f"worker killed x{times}"
+    kill_workers(c, times, 2)
+    return f"one of 2 workers killed x{times}"
 
 
 def crash_postmaster(c, short: bool) -> str:
@@ -125,8 +126,8 @@ def crash_postmaster(c, short: bool) -> str:
 
 
 def tiles_worker_kill(short: bool, nats_version: str = "debian") -> Row:
-    return with_tiles("tiles_kill", "12. tiles: relay worker killed mid-batch, expire output on", kill_worker, short,
-                      nats_version, PIPELINED)
+    return with_tiles("tiles_kill", "12. tiles: relay worker killed mid-batch, expire output on", kill_one_of_two, short,
+                      nats_version, PIPELINED, workers=2)
 
 
 def tiles_postmaster_crash(short: bool, nats_version: str = "debian") -> Row:

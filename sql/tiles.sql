@@ -59,6 +59,9 @@ CREATE TABLE IF NOT EXISTS tile_queue (
     output             text      NOT NULL,
     outbox_id          bigint    NOT NULL,
     layer              text      NOT NULL,
+    -- The outbox row's: the relay worker that owns the feature's events owns its tiles too, so
+    -- the commit that wakes it for the event wakes it for the tiles.
+    feature_id         bigint    NOT NULL,
     event_type         text      NOT NULL,
     old_shape          bytea,    -- NULL for created and snapshot, and where it was never kept
     new_shape          bytea,    -- NULL for retired
@@ -133,9 +136,9 @@ BEGIN
             SELECT f.bbox INTO v_previous_bbox FROM feature_state f WHERE f.layer = p_layer AND f.feature_id = p_feature_id;
         END IF;
     END IF;
-    INSERT INTO tile_queue (output, outbox_id, layer, event_type, old_shape, new_shape, previous_bbox, properties_changed,
-                            mode, buffer, full_area_limit, diff)
-    SELECT r.output, p_outbox_id, p_layer, p_event_type,
+    INSERT INTO tile_queue (output, outbox_id, layer, feature_id, event_type, old_shape, new_shape, previous_bbox,
+                            properties_changed, mode, buffer, full_area_limit, diff)
+    SELECT r.output, p_outbox_id, p_layer, p_feature_id, p_event_type,
            CASE WHEN p_event_type IN ('created', 'snapshot') THEN NULL
                 WHEN p_event_type = 'retired' THEN coalesce(v_kept, p_new) ELSE v_kept END,
            CASE WHEN p_event_type = 'retired' THEN NULL ELSE coalesce(p_new, v_kept) END,

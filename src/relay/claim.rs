@@ -96,7 +96,7 @@ const GENERIC_SQL: &str = "SELECT current_setting('plan_cache_mode'), set_config
 const RESTORE_SQL: &str = "SELECT set_config('plan_cache_mode', $1, true)";
 
 /// The claim's planner settings, for its transaction only (see `claim`).
-const PLANNER_SQL: &str =
+pub(super) const PLANNER_SQL: &str =
     "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)";
 
 // Each layer's read statement, built from its registry row: the key as text (the claimed keys, a

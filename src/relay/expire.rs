@@ -1,12 +1,15 @@
-//! The relay's tile step: for each expire output with waiting edits (sql/tiles.sql), claim a chunk
-//! of them (`FOR UPDATE SKIP LOCKED`, so workers share the queue), turn their shapes into tiles
-//! (src/tiles/), merge the chunk's tiles into one sorted set, deliver it to every destination of the
-//! output, and delete the chunk's rows in the same transaction. At least once: a crash after a
+//! The relay's tile step, one chunk of each expire output at a time (sql/tiles.sql holds the queue):
+//! read up to 1,000 waiting edits of this worker's share (its features, as the events are shared,
+//! so no lock is needed), hand them to a thread for the tile math
+//! (expire_math.rs), and go back to the events. A later run takes the thread's tiles, deletes the
+//! chunk's edits, reads the next chunk, delivers the tiles to every destination of the output, and
+//! commits: the delete lands with the delivery or not at all. At least once: a crash after a
 //! delivery and before the commit delivers the chunk again (the expire table's upsert and
 //! JetStream's duplicate window absorb the copy). A destination that fails holds back its own
 //! output only, which waits with a backoff; the events never wait for tiles.
 
 use std::collections::HashMap;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
@@ -14,22 +17,21 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use super::error::RelayError;
+use super::expire_math::{self, Computed, Queued, Zooms};
 use super::slot::WorkerSlot;
-use super::transaction::in_transaction_try;
+use super::transaction::{in_transaction_try, in_transaction_or_abort};
 use crate::backoff;
 use crate::plans::prepared;
 use crate::settings;
+use crate::signals;
 use crate::sinks::Sink;
 use crate::tiles::http_post::ListPoster;
-use crate::tiles::{self, Change, Expired, Mode, Rule, Tile, list, shape};
+use crate::tiles::{Tile, list};
 
-/// Edits per output and transaction: enough to merge the tiles of neighbouring edits and spread a
-/// chunk's fixed cost (a claim, a PubAck, a delete: about 2 ms) thin. 1,000 over 200 took the
+/// Edits per output and chunk: enough to merge the tiles of neighbouring edits and spread a
+/// chunk's fixed cost (a read, a PubAck, a delete: about 2 ms) thin. 1,000 over 200 took the
 /// relay with an output from 0.58 to 0.71 of its rate without one on points (make bench).
 const CHUNK: i64 = 1000;
-/// A chunk stops taking edits once it holds this many tiles (12 bytes each): the edits after stay
-/// queued for the next chunk, so full covers of large shapes never hold gigabytes.
-const CHUNK_TILES: usize = 2_000_000;
 /// An output whose delivery failed waits at least this long, at most the cap, doubling.
 const WAIT_MIN: Duration = Duration::from_secs(1);
 const WAIT_MAX: Duration = Duration::from_secs(60);
@@ -40,12 +42,15 @@ const OUTPUTS_SQL: &str = "SELECT o.name, o.minzoom, o.maxzoom, o.expire_table, 
   FROM feature_outbox.expire_outputs o
  WHERE EXISTS (SELECT 1 FROM feature_outbox.tile_queue q WHERE q.output = o.name) ORDER BY o.name";
 
-const CLAIM_SQL: &str = "SELECT q.outbox_id, q.event_type, q.old_shape, q.new_shape, q.previous_bbox, q.properties_changed,
+// This worker's share only ($2 workers, $3 this one), by feature as the events are shared (claim.rs):
+// no other worker reads these rows, so they need no lock, and the chunk can be read in one
+// transaction and delivered in a later one; and the commit that wakes a feature's worker for its
+// event wakes the worker of its tiles.
+const READ_SQL: &str = "SELECT q.outbox_id, q.event_type, q.old_shape, q.new_shape, q.previous_bbox, q.properties_changed,
        q.mode, q.buffer, q.full_area_limit, q.diff
   FROM feature_outbox.tile_queue q
- WHERE q.output = $1
- ORDER BY q.outbox_id LIMIT $2
-   FOR UPDATE OF q SKIP LOCKED";
+ WHERE q.output = $1 AND ($2 <= 1 OR (hashint8(q.feature_id) & 2147483647) % $2 = $3)
+ ORDER BY q.outbox_id LIMIT $4";
 
 const DONE_SQL: &str = "DELETE FROM feature_outbox.tile_queue WHERE output = $1 AND outbox_id = ANY($2)";
 
@@ -58,121 +63,158 @@ const PROGRESS_SQL: &str = "INSERT INTO feature_outbox.expire_progress AS p (out
 const ERROR_SQL: &str = "UPDATE feature_outbox.expire_progress SET last_error = $2, last_error_at = now() WHERE output = $1";
 
 /// One expire output as the relay reads it.
+#[derive(Clone, PartialEq)]
 struct Output {
     name: String,
-    minzoom: i32,
-    maxzoom: i32,
+    zooms: Zooms,
     table: Option<String>,
     subject: Option<String>,
     url: Option<String>,
-    max_tiles_geometry: i64,
 }
 
-/// One queued edit with the rule of its layer for this output.
-struct Queued {
-    outbox_id: i64,
-    event_type: String,
-    old: Option<Vec<u8>>,
-    new: Option<Vec<u8>>,
-    previous_bbox: Option<Vec<f64>>,
-    properties_changed: bool,
-    mode: String,
-    buffer: f64,
-    full_area_limit: Option<f64>,
-    diff: bool,
+/// A chunk read and handed to a thread for its tiles; a later run delivers it.
+struct InFlight {
+    /// The output as it was read: a definition changed since (zooms, limit) computes afresh.
+    output: Output,
+    ids: Vec<i64>,
+    work: Work,
 }
 
-/// What one chunk expired, for expire_progress and the log.
-#[derive(Default)]
-struct Figures {
-    by_zoom: [i64; tiles::MAX_ZOOM as usize + 1],
-    edits: i64,
-    lists: i64,
-    boundary_fallbacks: i64,
-    dropped_zooms: i64,
-    box_fallbacks: i64,
+enum Work {
+    Thread(JoinHandle<Computed>),
+    /// No thread could be started: computed on the spot.
+    Done(Computed),
 }
 
-/// The step's memory between wake-ups: when each failed output may be tried again.
+impl Work {
+    fn is_finished(&self) -> bool {
+        match self {
+            Work::Thread(h) => h.is_finished(),
+            Work::Done(_) => true,
+        }
+    }
+
+    fn join(self) -> Result<Computed, RelayError> {
+        match self {
+            Work::Thread(h) => h.join().map_err(|_| RelayError::Destination("the tile math of a chunk panicked".into())),
+            Work::Done(c) => Ok(c),
+        }
+    }
+}
+
+/// The step's memory between wake-ups: the chunks in flight, and when each failed output may be
+/// tried again.
 #[derive(Default)]
 pub struct ExpireStep {
+    in_flight: HashMap<String, InFlight>,
     waits: HashMap<String, (Instant, u32)>,
     last_run: Option<Instant>,
     /// The HTTP client of the outputs' URLs, kept between deliveries.
     poster: Option<ListPoster>,
 }
 
-/// Between the batches of a drain the step runs at most this often: one more transaction per
-/// batch would cost the events' rate even where no layer has an output.
+/// Between the batches of a drain the step looks for new chunks at most this often: one more
+/// transaction per batch would cost the events' rate even where no layer has an output. A chunk
+/// whose tiles are ready is delivered at the next batch's end.
 const BETWEEN_BATCHES: Duration = Duration::from_millis(100);
 
 impl ExpireStep {
-    /// `run`, between the batches of a drain: at most every BETWEEN_BATCHES.
+    /// `run` between the batches of a drain, without waiting for a thread: when a chunk's tiles
+    /// are ready, or at most every BETWEEN_BATCHES to read new chunks.
     pub fn run_between_batches(&mut self, me: &WorkerSlot, sink: Option<&mut dyn Sink>) {
-        if self.last_run.is_none_or(|t| t.elapsed() >= BETWEEN_BATCHES) {
-            self.run(me, sink);
+        let ready = self.in_flight.values().any(|f| f.work.is_finished());
+        if ready || self.last_run.is_none_or(|t| t.elapsed() >= BETWEEN_BATCHES) {
+            self.run(me, sink, false);
         }
     }
 
-    /// Delivers one chunk of each output that has waiting edits and is not waiting out a failure.
-    /// Returns true when some output may have more (a full chunk went out). Errors are the
-    /// output's own: recorded in expire_progress and logged, never handed to the event loop.
-    pub fn run(&mut self, me: &WorkerSlot, mut sink: Option<&mut dyn Sink>) -> bool {
+    /// For each output with waiting edits that is not waiting out a failure: delivers its chunk in
+    /// flight (waiting for its thread when `wait`, else only when ready) and reads the next.
+    /// Returns true when some output may have more. Errors are the output's own: recorded in
+    /// expire_progress and logged, never handed to the event loop.
+    pub fn run(&mut self, me: &WorkerSlot, mut sink: Option<&mut dyn Sink>, wait: bool) -> bool {
         self.last_run = Some(Instant::now());
-        let outputs = match in_transaction_try(|| Spi::connect(|client| outputs(client))) {
+        let outputs = match in_transaction_try(|| Spi::connect_mut(|client| outputs(client))) {
             Ok(o) => o,
             // Before 0.4.0's schema, or the extension is being dropped: nothing to do here.
             Err(_) => return false,
         };
+        // A chunk of an output dropped meanwhile goes nowhere.
+        self.in_flight.retain(|name, _| outputs.iter().any(|o| o.name == *name));
         let mut more = false;
         let now = Instant::now();
         for output in outputs {
             if self.waits.get(&output.name).is_some_and(|(until, _)| *until > now) {
                 continue;
             }
-            let delivered = in_transaction_try(|| {
+            if !wait && self.in_flight.get(&output.name).is_some_and(|f| !f.work.is_finished()) {
+                more = true;
+                continue;
+            }
+            // The chunk in flight, unless the output was redefined since it was read.
+            let ready = self.in_flight.remove(&output.name).filter(|f| f.output == output);
+            let joined = Instant::now();
+            let ready = match ready.map(|f| f.work.join().map(|c| (f.ids, c))).transpose() {
+                Ok(r) => r,
+                Err(e) => {
+                    self.failed(me, &output, e);
+                    continue;
+                }
+            };
+            debug1!("{}: expire output {}: waited {} µs for the tile math (wait {wait})", me.tag, output.name, joined.elapsed().as_micros());
+            let poster = &mut self.poster;
+            let result = in_transaction_or_abort(|| {
                 Spi::connect_mut(|client| {
                     let sink: Option<&mut dyn Sink> = match &mut sink {
                         Some(s) => Some(&mut **s),
                         None => None,
                     };
-                    chunk(client, &output, sink, &mut self.poster, me)
+                    step(client, &output, sink, poster, me, ready)
                 })
             });
-            match delivered {
-                Ok(full) => {
+            match result {
+                Ok((next, delivered)) => {
                     self.waits.remove(&output.name);
-                    more |= full;
-                }
-                Err(e) => {
-                    let failures = self.waits.get(&output.name).map_or(0, |(_, f)| *f) + 1;
-                    let wait = backoff::delay(failures, WAIT_MIN, WAIT_MAX, None, rand::random::<f64>());
-                    self.waits.insert(output.name.clone(), (Instant::now() + wait, failures));
-                    let text = e.to_string();
-                    if failures == 1 {
-                        log!("{}: expire output {}: {text}; its tiles wait, retried in {} ms", me.tag, output.name, wait.as_millis());
+                    more |= next.is_some() || delivered;
+                    if let Some(next) = next {
+                        self.in_flight.insert(output.name.clone(), next);
                     }
-                    let _ = in_transaction_try(|| {
-                        Spi::connect_mut(|client| {
-                            let plan = prepared(client, ERROR_SQL, &[pg_sys::TEXTOID, pg_sys::TEXTOID], true);
-                            client.update(&*plan, None, &[output.name.as_str().into(), text.as_str().into()])?;
-                            Ok(())
-                        })
-                    });
                 }
+                Err(e) => self.failed(me, &output, e),
             }
         }
         more
     }
 
-    /// `run` until no output has a full chunk waiting; false when SIGTERM came meanwhile.
+    /// An output's delivery failed: it waits, doubling, and its error is recorded and logged once.
+    /// Its edits stay queued (the transaction that would have deleted them was rolled back).
+    fn failed(&mut self, me: &WorkerSlot, output: &Output, e: RelayError) {
+        self.in_flight.remove(&output.name);
+        let failures = self.waits.get(&output.name).map_or(0, |(_, f)| *f) + 1;
+        let wait = backoff::delay(failures, WAIT_MIN, WAIT_MAX, None, rand::random::<f64>());
+        self.waits.insert(output.name.clone(), (Instant::now() + wait, failures));
+        let text = e.to_string();
+        if failures == 1 {
+            log!("{}: expire output {}: {text}; its tiles wait, retried in {} ms", me.tag, output.name, wait.as_millis());
+        }
+        let _ = in_transaction_try(|| {
+            Spi::connect_mut(|client| {
+                let plan = prepared(client, ERROR_SQL, &[pg_sys::TEXTOID, pg_sys::TEXTOID], true);
+                client.update(&*plan, None, &[output.name.as_str().into(), text.as_str().into()])?;
+                Ok(())
+            })
+        });
+    }
+
+    /// `run`, waiting for each thread, until no output has anything waiting; false when SIGTERM
+    /// came meanwhile.
     pub fn drain(&mut self, me: &WorkerSlot, mut sink: Option<&mut dyn Sink>) -> bool {
         loop {
             let sink: Option<&mut dyn Sink> = match &mut sink {
                 Some(s) => Some(&mut **s),
                 None => None,
             };
-            if !self.run(me, sink) {
+            if !self.run(me, sink, true) {
                 return true;
             }
             if super::stopping() {
@@ -188,36 +230,103 @@ impl ExpireStep {
     }
 }
 
-fn outputs(client: &SpiClient<'_>) -> Result<Vec<Output>, RelayError> {
+/// Index walks for the step's statements (claim.rs's PLANNER_SQL), in effect when their kept plans
+/// are made: a plan made while the queue was empty seq-scanned it for each output, over the dead
+/// rows of every chunk delivered since (9 % of a worker's time on a county backlog, perf).
+fn plan_for_index_walks(client: &mut SpiClient<'_>) -> Result<(), RelayError> {
+    let settings = prepared(client, super::claim::PLANNER_SQL, &[], true);
+    client.update(&*settings, None, &[])?;
+    Ok(())
+}
+
+fn outputs(client: &mut SpiClient<'_>) -> Result<Vec<Output>, RelayError> {
+    plan_for_index_walks(client)?;
     let plan = prepared(client, OUTPUTS_SQL, &[], false);
     let mut out = Vec::new();
     for r in client.select(&*plan, None, &[])? {
         out.push(Output {
             name: r.get::<String>(1)?.unwrap_or_default(),
-            minzoom: r.get::<i32>(2)?.unwrap_or_default(),
-            maxzoom: r.get::<i32>(3)?.unwrap_or_default(),
+            zooms: Zooms {
+                minzoom: r.get::<i32>(2)?.unwrap_or_default(),
+                maxzoom: r.get::<i32>(3)?.unwrap_or_default(),
+                max_tiles_geometry: r.get::<i64>(7)?.unwrap_or(100_000),
+            },
             table: r.get::<String>(4)?,
             subject: r.get::<String>(5)?,
             url: r.get::<String>(6)?,
-            max_tiles_geometry: r.get::<i64>(7)?.unwrap_or(100_000),
         });
     }
     Ok(out)
 }
 
-/// One chunk of one output, in the caller's transaction: claim, expire, deliver, delete. Returns
-/// whether more edits may wait (a full claim, or one cut short by CHUNK_TILES).
-fn chunk(
+/// One output's step, in the caller's transaction (rolled back on an error): delete the edits of
+/// the ready chunk, read and hand off the next chunk, then deliver the ready chunk's tiles, so that
+/// its thread computes the next while this one delivers. Returns the next chunk in flight, and
+/// whether a chunk was delivered.
+fn step(
     client: &mut SpiClient<'_>,
     output: &Output,
     sink: Option<&mut dyn Sink>,
     poster: &mut Option<ListPoster>,
     me: &WorkerSlot,
-) -> Result<bool, RelayError> {
+    ready: Option<(Vec<i64>, Computed)>,
+) -> Result<(Option<InFlight>, bool), RelayError> {
     let started = Instant::now();
-    let plan = prepared(client, CLAIM_SQL, &[pg_sys::TEXTOID, pg_sys::INT8OID], true);
+    plan_for_index_walks(client)?;
+    let ready = ready.map(|(mut ids, c)| {
+        // Edits past the chunk's tile cap stay queued and are read again just below.
+        ids.truncate(c.taken);
+        (ids, c)
+    });
+    if let Some((ids, _)) = &ready {
+        let done = prepared(client, DONE_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID], true);
+        client.update(&*done, None, &[output.name.as_str().into(), ids.clone().into()])?;
+    }
+    let next = read(client, output, me)?;
+    let read_at = started.elapsed();
+    let Some((ids, c)) = ready else {
+        return Ok((next, false));
+    };
+    for note in &c.notes {
+        log!("{}: {note}", me.tag);
+    }
+    let lists = deliver(client, output, sink, poster, &c.tiles, &ids)?;
+    let delivered_at = started.elapsed();
+    super::fault_points::crash_if_tiles_requested();
+    let f = &c.figures;
+    let progress = prepared(
+        client,
+        PROGRESS_SQL,
+        &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
+        true,
+    );
+    client.update(
+        &*progress,
+        None,
+        &[
+            output.name.as_str().into(),
+            f.by_zoom.to_vec().into(),
+            f.edits.into(),
+            lists.into(),
+            f.boundary_fallbacks.into(),
+            f.dropped_zooms.into(),
+            f.box_fallbacks.into(),
+        ],
+    )?;
+    debug1!(
+        "{}: expire output {}: {} edits, {} tiles: deleted and next read in {} µs, delivered in {} µs, counted in {} µs",
+        me.tag, output.name, ids.len(), c.tiles.len(), read_at.as_micros(), (delivered_at - read_at).as_micros(),
+        (started.elapsed() - delivered_at).as_micros()
+    );
+    Ok((next, true))
+}
+
+/// Reads this worker's next chunk of the output's queue and starts its tile math on a thread.
+fn read(client: &mut SpiClient<'_>, output: &Output, me: &WorkerSlot) -> Result<Option<InFlight>, RelayError> {
+    let plan = prepared(client, READ_SQL, &[pg_sys::TEXTOID, pg_sys::INT4OID, pg_sys::INT4OID, pg_sys::INT8OID], true);
+    let args = [output.name.as_str().into(), (me.workers as i32).into(), (me.index as i32).into(), CHUNK.into()];
     let mut rows = Vec::new();
-    for r in client.update(&*plan, None, &[output.name.as_str().into(), CHUNK.into()])? {
+    for r in client.select(&*plan, None, &args)? {
         rows.push(Queued {
             outbox_id: r.get::<i64>(1)?.unwrap_or_default(),
             event_type: r.get::<String>(2)?.unwrap_or_default(),
@@ -232,110 +341,21 @@ fn chunk(
         });
     }
     if rows.is_empty() {
-        return Ok(false);
+        return Ok(None);
     }
-    let claimed_rows = rows.len();
-    let claimed = started.elapsed();
-    // The edits this chunk takes: all, unless their tiles pass CHUNK_TILES first (the first edit
-    // always goes, so that the queue moves).
-    let mut taken = 0;
-    let mut figures = Figures::default();
-    let mut tiles: Vec<Tile> = Vec::new();
-    for row in &rows {
-        if tiles.len() >= CHUNK_TILES {
-            tiles.sort_unstable();
-            tiles.dedup();
-            if tiles.len() >= CHUNK_TILES / 2 {
-                break;
-            }
-        }
-        taken += 1;
-        let (expired, boxed) = expire_row(row, output);
-        if expired.fell_back_to_boundary {
-            figures.boundary_fallbacks += 1;
-            log!("{}: expire output {}: outbox row {} is over max_tiles_geometry ({}): only its boundary's tiles{}",
-                 me.tag, output.name, row.outbox_id, output.max_tiles_geometry,
-                 expired.dropped_from_zoom.map(|z| format!(", and none from zoom {z} up")).unwrap_or_default());
-        }
-        if expired.overlay_failed {
-            log!("{}: expire output {}: outbox row {}: the difference of its old and new shape failed; both shapes' tiles instead",
-                 me.tag, output.name, row.outbox_id);
-        }
-        if expired.tiles.is_empty() && boxed {
-            log!("{}: expire output {}: outbox row {} has no shape and no box: it expires no tile", me.tag, output.name, row.outbox_id);
-        }
-        figures.dropped_zooms += expired.dropped_from_zoom.is_some() as i64;
-        figures.box_fallbacks += boxed as i64;
-        tiles.extend(expired.tiles);
-    }
-    tiles.sort_unstable();
-    tiles.dedup();
-    for t in &tiles {
-        figures.by_zoom[t.zoom as usize] += 1;
-    }
-    let rows = &rows[..taken];
-    figures.edits = rows.len() as i64;
-    let ids: Vec<i64> = rows.iter().map(|r| r.outbox_id).collect();
-    let computed = started.elapsed();
-    figures.lists = deliver(client, output, sink, poster, &tiles, &ids)?;
-    let delivered = started.elapsed();
-    super::fault_points::crash_if_tiles_requested();
-
-    let done = prepared(client, DONE_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID], true);
-    client.update(&*done, None, &[output.name.as_str().into(), ids.into()])?;
-    let progress = prepared(
-        client,
-        PROGRESS_SQL,
-        &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
-        true,
-    );
-    client.update(
-        &*progress,
-        None,
-        &[
-            output.name.as_str().into(),
-            figures.by_zoom.to_vec().into(),
-            figures.edits.into(),
-            figures.lists.into(),
-            figures.boundary_fallbacks.into(),
-            figures.dropped_zooms.into(),
-            figures.box_fallbacks.into(),
-        ],
-    )?;
-    debug1!(
-        "{}: expire output {}: {} edits, {} tiles: claimed in {} µs, tiles in {} µs, delivered in {} µs, done in {} µs",
-        me.tag, output.name, rows.len(), tiles.len(), claimed.as_micros(), (computed - claimed).as_micros(),
-        (delivered - computed).as_micros(), (started.elapsed() - delivered).as_micros()
-    );
-    Ok(taken < claimed_rows || claimed_rows as i64 >= CHUNK)
-}
-
-/// The tiles of one queued edit, and whether a box stood in for a shape that was never kept.
-fn expire_row(row: &Queued, output: &Output) -> (Expired, bool) {
-    let rule = Rule {
-        minzoom: output.minzoom.clamp(0, tiles::MAX_ZOOM as i32) as u8,
-        maxzoom: output.maxzoom.clamp(0, tiles::MAX_ZOOM as i32) as u8,
-        buffer: row.buffer,
-        mode: Mode::parse(&row.mode, row.full_area_limit).unwrap_or(Mode::FullArea),
-        diff: row.diff,
-        max_tiles_geometry: usize::try_from(output.max_tiles_geometry).unwrap_or(usize::MAX),
+    let ids = rows.iter().map(|r| r.outbox_id).collect();
+    let rows = std::sync::Arc::new(rows);
+    let (theirs, zooms, name) = (rows.clone(), output.zooms, output.name.clone());
+    // Signals stay on the main thread (signals.rs); the thread touches no Postgres state.
+    let spawned = signals::blocked(|| {
+        std::thread::Builder::new().name("fo-tiles".into()).spawn(move || expire_math::compute(&theirs, zooms, &name))
+    });
+    let work = match spawned {
+        Ok(h) => Work::Thread(h),
+        // No thread to be had: the math here and now.
+        Err(_) => Work::Done(expire_math::compute(&rows, output.zooms, &output.name)),
     };
-    // A stored shape that does not read is treated as one never kept: its box stands in.
-    let read = |w: &Option<Vec<u8>>| w.as_deref().and_then(|b| shape::from_wkb(b).ok());
-    let (old, new) = (read(&row.old), read(&row.new));
-    let boxed = row.previous_bbox.as_deref().and_then(|b| <[f64; 4]>::try_from(b).ok()).map(tiles::box_shape);
-    let (change, used_box) = match (row.event_type.as_str(), &old, &new, &boxed) {
-        ("retired", Some(o), _, _) => (Some(Change::Old(o)), false),
-        ("retired", None, _, Some(b)) => (Some(Change::Old(b)), true),
-        ("moved", Some(o), Some(n), _) => (Some(Change::Moved { old: o, new: n, properties_changed: row.properties_changed }), false),
-        // The old side never kept (written before the layer had an output, or before 0.4.0): its box.
-        ("moved", None, Some(n), Some(b)) => (Some(Change::Moved { old: b, new: n, properties_changed: true }), true),
-        (_, _, Some(n), _) => (Some(Change::New(n)), false),
-        (_, Some(o), None, _) => (Some(Change::New(o)), false),
-        (_, None, None, Some(b)) => (Some(Change::New(b)), true),
-        _ => (None, true),
-    };
-    (change.map(|c| tiles::expire(&c, &rule)).unwrap_or_default(), used_box)
+    Ok(Some(InFlight { output: output.clone(), ids, work }))
 }
 
 /// Delivers one chunk's tiles to each destination of the output; returns the lists sent.

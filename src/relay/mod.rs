@@ -26,6 +26,7 @@ mod claim;
 mod connection;
 mod error;
 mod expire;
+mod expire_math;
 mod fault_points;
 mod housekeeping;
 mod low_water;

@@ -11,9 +11,25 @@ use crate::plans::prepared;
 /// Runs `f` in its own transaction; an ERROR (or panic) aborts the transaction and comes back as
 /// RelayError::Sql instead of ending the worker.
 pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, RelayError> {
+    transaction(f, |_| true)
+}
+
+/// `f` in its own transaction, its error and the transaction's as one.
+pub fn in_transaction_try<R>(f: impl FnOnce() -> Result<R, RelayError>) -> Result<R, RelayError> {
+    in_transaction(f).and_then(|r| r)
+}
+
+/// `f` in its own transaction, committed only when `f` returns Ok: an Err rolls back what `f`
+/// wrote (a tile chunk's delete when its delivery failed) and comes back as it was.
+pub fn in_transaction_or_abort<R>(f: impl FnOnce() -> Result<R, RelayError>) -> Result<R, RelayError> {
+    transaction(f, |r| r.is_ok()).and_then(|r| r)
+}
+
+/// `f` in a transaction, committed when `commit` says so of its result, else rolled back.
+fn transaction<R>(f: impl FnOnce() -> R, commit: impl FnOnce(&R) -> bool) -> Result<R, RelayError> {
     // Everything `f` touches is either rolled back with the transaction or plain Rust state that
     // stays consistent when a batch fails part-way.
-    let f = std::panic::AssertUnwindSafe(f);
+    let f = std::panic::AssertUnwindSafe((f, commit));
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -21,10 +37,15 @@ pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, RelayError> {
     }
     PgTryBuilder::new(move || {
         let f = f; // capture the whole AssertUnwindSafe, not just its field
-        let r = (f.0)();
+        let (f, commit) = f.0;
+        let r = f();
         unsafe {
             pg_sys::PopActiveSnapshot();
-            pg_sys::CommitTransactionCommand();
+            if commit(&r) {
+                pg_sys::CommitTransactionCommand();
+            } else {
+                pg_sys::AbortCurrentTransaction();
+            }
         }
         Ok(r)
     })
@@ -37,11 +58,6 @@ pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, RelayError> {
         Err(RelayError::Sql(message))
     })
     .execute()
-}
-
-/// `f` in its own transaction, its error and the transaction's as one.
-pub fn in_transaction_try<R>(f: impl FnOnce() -> Result<R, RelayError>) -> Result<R, RelayError> {
-    in_transaction(f).and_then(|r| r)
 }
 
 /// The one value of a read-only statement without parameters, through its kept plan.

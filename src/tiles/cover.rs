@@ -17,6 +17,21 @@ use super::{Mode, Tile};
 /// (ST_Intersects counts touching), and a tile more is never a stale tile.
 const EPS: f64 = 1e-9;
 
+/// `x.floor() as i64` without a call into libm: baseline x86-64 has no rounding instruction
+/// (SSE4.1), and a county move's cover rounded some 300 times. Exact for |x| < 2^53.
+#[inline]
+fn floor(x: f64) -> i64 {
+    let i = x as i64;
+    i - ((i as f64) > x) as i64
+}
+
+/// `x.ceil() as i64`, as `floor`.
+#[inline]
+fn ceil(x: f64) -> i64 {
+    let i = x as i64;
+    i + ((i as f64) < x) as i64
+}
+
 /// The enumeration stopped: more tiles than the cap were pushed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverCap;
@@ -49,7 +64,7 @@ impl<'a> Collector<'a> {
 
     /// Tile rows (or columns) whose grown span [t - b, t + 1 + b] meets [lo, hi].
     fn span(lo: f64, hi: f64, b: f64) -> std::ops::RangeInclusive<i64> {
-        (lo - 1.0 - b - EPS).ceil() as i64..=(hi + b + EPS).floor() as i64
+        ceil(lo - 1.0 - b - EPS)..=floor(hi + b + EPS)
     }
 
     fn rows(&self, lo: f64, hi: f64, b: f64) -> std::ops::RangeInclusive<i64> {
@@ -58,14 +73,35 @@ impl<'a> Collector<'a> {
     }
 }
 
-/// Pushes the tiles `shape` touches at the collector's zoom.
+/// Scratch buffers one cover reuses across the zooms of a shape and the shapes of a chunk.
+#[derive(Default)]
+pub struct Scratch {
+    /// Tile-unit coordinates of every line and ring of the shape, and where each ring starts.
+    scaled: Vec<Xy>,
+    starts: Vec<usize>,
+    /// A row's crossings in `area`.
+    xs: Vec<f64>,
+}
+
+/// The box of all of a shape's coordinates in world units; None for an empty shape.
+pub fn shape_bounds(shape: &Shape) -> Option<[f64; 4]> {
+    bounds(shape.points.iter().chain(shape.lines.iter().flatten()).chain(shape.polygons.iter().flatten().flatten()))
+}
+
+/// Pushes the tiles `shape` touches at the collector's zoom (the tests' entry; `cover_in` keeps
+/// its box and buffers across zooms).
+#[cfg(test)]
 pub fn cover(shape: &Shape, buffer: f64, mode: Mode, c: &mut Collector) -> Result<(), OverCap> {
+    cover_in(shape, shape_bounds(shape), buffer, mode, c, &mut Scratch::default())
+}
+
+/// `cover` with the shape's box (`shape_bounds`) computed once for all zooms, and kept buffers.
+pub fn cover_in(shape: &Shape, bounds: Option<[f64; 4]>, buffer: f64, mode: Mode, c: &mut Collector, scratch: &mut Scratch) -> Result<(), OverCap> {
     let scale = c.n as f64;
     // Where the shape's box meets one tile's grown square only, the shape lies inside that square
     // (the grown squares cover the world) and touches that tile alone: no tracing. A moved vertex's
     // difference is small, so this is most zooms of most moves.
-    let all = shape.points.iter().chain(shape.lines.iter().flatten()).chain(shape.polygons.iter().flatten().flatten());
-    let Some([x0, y0, x1, y1]) = bounds(all) else {
+    let Some([x0, y0, x1, y1]) = bounds else {
         return Ok(());
     };
     let (columns, rows) = (Collector::span(x0 * scale, x1 * scale, buffer), c.rows(y0 * scale, y1 * scale, buffer));
@@ -76,13 +112,11 @@ pub fn cover(shape: &Shape, buffer: f64, mode: Mode, c: &mut Collector) -> Resul
     for p in &shape.points {
         point(t(p), buffer, c)?;
     }
-    // One buffer of tile-unit coordinates for every line and ring of the shape.
-    let mut scaled: Vec<Xy> = Vec::new();
-    let mut starts: Vec<usize> = Vec::new();
+    let Scratch { scaled, starts, xs } = scratch;
     for l in &shape.lines {
         scaled.clear();
         scaled.extend(l.iter().map(t));
-        line(&scaled, buffer, c)?;
+        line(scaled, buffer, c)?;
     }
     for poly in &shape.polygons {
         scaled.clear();
@@ -97,7 +131,7 @@ pub fn cover(shape: &Shape, buffer: f64, mode: Mode, c: &mut Collector) -> Resul
             line(r, buffer, c)?;
         }
         if mode.full_area(poly) {
-            area(rings(), c)?;
+            area(rings(), c, xs)?;
         }
     }
     Ok(())
@@ -144,13 +178,12 @@ fn segment(p: Xy, q: Xy, b: f64, c: &mut Collector) -> Result<(), OverCap> {
 }
 
 /// Tiles whose centre lies inside the polygon (even-odd over all its rings), row by row.
-fn area<'r>(rings: impl Iterator<Item = &'r [Xy]> + Clone, c: &mut Collector) -> Result<(), OverCap> {
+fn area<'r>(rings: impl Iterator<Item = &'r [Xy]> + Clone, c: &mut Collector, xs: &mut Vec<f64>) -> Result<(), OverCap> {
     let Some([_, ymin, _, ymax]) = bounds(rings.clone().flatten()) else {
         return Ok(());
     };
-    let first = ((ymin - 0.5).ceil() as i64).max(0);
-    let last = ((ymax - 0.5).floor() as i64).min(c.n - 1);
-    let mut xs = Vec::new();
+    let first = ceil(ymin - 0.5).max(0);
+    let last = floor(ymax - 0.5).min(c.n - 1);
     for ty in first..=last {
         let yc = ty as f64 + 0.5;
         xs.clear();
@@ -162,7 +195,7 @@ fn area<'r>(rings: impl Iterator<Item = &'r [Xy]> + Clone, c: &mut Collector) ->
         }
         xs.sort_by(f64::total_cmp);
         for pair in xs.chunks_exact(2) {
-            for tx in (pair[0] - 0.5).ceil() as i64..=(pair[1] - 0.5).floor() as i64 {
+            for tx in ceil(pair[0] - 0.5)..=floor(pair[1] - 0.5) {
                 c.push(tx, ty)?;
             }
         }
@@ -185,6 +218,14 @@ mod tests {
 
     fn square(x0: f64, y0: f64, x1: f64, y1: f64) -> Vec<Vec<Xy>> {
         vec![vec![[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]]
+    }
+
+    #[test]
+    fn floor_and_ceil_round_as_libm_does() {
+        for x in [-2.5, -2.0, -1e-12, -0.0, 0.0, 1e-12, 0.5, 1.0, 3.999_999_999, 1048576.25, -1048576.25] {
+            assert_eq!(floor(x), x.floor() as i64, "{x}");
+            assert_eq!(ceil(x), x.ceil() as i64, "{x}");
+        }
     }
 
     #[test]

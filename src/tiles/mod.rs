@@ -11,7 +11,7 @@ pub mod list;
 pub mod mercator;
 pub mod shape;
 
-use cover::{Collector, cover};
+use cover::{Collector, Scratch, cover_in, shape_bounds};
 use crate::input_error::{Code, InputError};
 use shape::{Shape, Xy};
 
@@ -24,6 +24,56 @@ pub struct Tile {
     pub zoom: u8,
     pub x: u32,
     pub y: u32,
+}
+
+impl Tile {
+    /// The tile as one integer in the same order: a sort by it compares once, where the derived
+    /// order compares three fields (the sorts were a fifth of a county move's tile math).
+    #[inline]
+    pub fn key(&self) -> u64 {
+        ((self.zoom as u64) << 42) | ((self.x as u64) << 21) | self.y as u64
+    }
+}
+
+/// Sorts tiles in key order and drops duplicates.
+pub fn sort_dedup(tiles: &mut Vec<Tile>) {
+    tiles.sort_unstable_by_key(Tile::key);
+    tiles.dedup();
+}
+
+/// `sort_dedup` for the tiles of one zoom: where their box holds few cells more than there are
+/// tiles (a cover traced line by line pushes each tile a few times, close together), one bit a cell
+/// sorts and merges them without comparisons. `bits` is kept between calls.
+fn sort_dedup_one_zoom(tiles: &mut Vec<Tile>, bits: &mut Vec<u64>) {
+    if tiles.len() < 32 {
+        return sort_dedup(tiles);
+    }
+    let (mut x0, mut y0, mut x1, mut y1) = (u32::MAX, u32::MAX, 0, 0);
+    for t in tiles.iter() {
+        (x0, y0, x1, y1) = (x0.min(t.x), y0.min(t.y), x1.max(t.x), y1.max(t.y));
+    }
+    let (w, h) = ((x1 - x0) as usize + 1, (y1 - y0) as usize + 1);
+    let cells = w.saturating_mul(h);
+    if cells > tiles.len().saturating_mul(16).max(4096) {
+        return sort_dedup(tiles);
+    }
+    bits.clear();
+    bits.resize(cells.div_ceil(64), 0);
+    // Row-major by x, then y: the key order within one zoom.
+    for t in tiles.iter() {
+        let i = (t.x - x0) as usize * h + (t.y - y0) as usize;
+        bits[i / 64] |= 1 << (i % 64);
+    }
+    let zoom = tiles[0].zoom;
+    tiles.clear();
+    for (word_index, &word) in bits.iter().enumerate() {
+        let mut word = word;
+        while word != 0 {
+            let i = word_index * 64 + word.trailing_zeros() as usize;
+            tiles.push(Tile { zoom, x: x0 + (i / h) as u32, y: y0 + (i % h) as u32 });
+            word &= word - 1;
+        }
+    }
 }
 
 /// How a polygon expires (osm2pgsql's `mode`). Points and lines expire the same in every mode.
@@ -192,16 +242,18 @@ fn covered(shapes: &[&Shape], rule: &Rule, mode: Mode, limit: usize) -> Result<V
     let mut all: Vec<Tile> = Vec::new();
     // One scratch list for every zoom: growing a fresh one per zoom was a fifth of a small cover.
     let mut this = Vec::with_capacity(256);
+    let mut scratch = Scratch::default();
+    let mut bits = Vec::new();
+    let boxes: Vec<Option<[f64; 4]>> = shapes.iter().map(|s| shape_bounds(s)).collect();
     for zoom in rule.minzoom..=rule.maxzoom.min(MAX_ZOOM) {
         this.clear();
         // Duplicates are pushed before they are merged: allow some, then count what is distinct.
         let cap = (limit - all.len()).saturating_mul(4).saturating_add(1024);
         let over = {
             let mut c = Collector::new(zoom, &mut this, cap);
-            shapes.iter().try_for_each(|s| cover(s, rule.buffer, mode, &mut c)).is_err()
+            shapes.iter().zip(&boxes).try_for_each(|(s, b)| cover_in(s, *b, rule.buffer, mode, &mut c, &mut scratch)).is_err()
         };
-        this.sort_unstable();
-        this.dedup();
+        sort_dedup_one_zoom(&mut this, &mut bits);
         if over || all.len() + this.len() > limit {
             return Err((all, zoom));
         }
@@ -229,6 +281,31 @@ mod tests {
 
     fn square(x0: f64, y0: f64, s: f64) -> Shape {
         Shape { polygons: vec![vec![vec![[x0, y0], [x0 + s, y0], [x0 + s, y0 + s], [x0, y0 + s], [x0, y0]]]], ..Default::default() }
+    }
+
+    #[test]
+    fn the_key_orders_as_zoom_x_y() {
+        let a = [Tile { zoom: 3, x: 7, y: 0 }, Tile { zoom: 4, x: 0, y: 0 }, Tile { zoom: 20, x: (1 << 20) - 1, y: 5 }, Tile { zoom: 20, x: (1 << 20) - 1, y: 6 }];
+        for w in a.windows(2) {
+            assert!(w[0] < w[1] && w[0].key() < w[1].key());
+        }
+    }
+
+    #[test]
+    fn one_zoom_merges_by_bitmap_as_by_sorting() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        let mut bits = Vec::new();
+        for (spread, n) in [(5, 40), (40, 200), (3000, 100), (1 << 14, 64)] {
+            let tiles: Vec<Tile> = (0..n).map(|_| Tile { zoom: 14, x: 9000 + next() % spread, y: 5000 + next() % spread }).collect();
+            let (mut by_bits, mut by_sort) = (tiles.clone(), tiles);
+            sort_dedup_one_zoom(&mut by_bits, &mut bits);
+            sort_dedup(&mut by_sort);
+            assert_eq!(by_bits, by_sort, "spread {spread}");
+        }
     }
 
     #[test]
