@@ -403,15 +403,16 @@ fn deliver(
         sent.map_err(RelayError::Destination)?;
         lists += bodies.len() as i64;
     }
-    // The expire table last, once the lists are out: the caller's transaction commits even when this
-    // returns an error, so an upsert made before a failed send would stay, and every retry would
-    // move `last` again. An error of the upsert itself aborts the transaction.
+    // The expire table last, once the lists are out: a send that fails then rolls back no upsert
+    // (the transaction is rolled back either way; the upsert would only have been work thrown away).
     if let Some(table) = &output.table {
         // osm2pgsql's rule: a tile expired again keeps `first` and moves `last` (a row whose `last`
         // is this second already is left alone: the same value, without a new row version). Rows in
-        // key order, so two workers upserting the same low-zoom tiles lock them in the same order.
+        // key order, so two workers upserting the same low-zoom tiles lock them in the same order:
+        // the tiles come sorted by key (expire_math), and unnest keeps their order. An ORDER BY here
+        // sorted them again, a fifth of a 55,000-row upsert.
         let sql = format!(
-            "INSERT INTO {table} AS t (zoom, x, y) SELECT * FROM unnest($1::int4[], $2::int4[], $3::int4[]) ORDER BY 1, 2, 3
+            "INSERT INTO {table} AS t (zoom, x, y) SELECT * FROM unnest($1::int4[], $2::int4[], $3::int4[])
              ON CONFLICT (zoom, x, y) DO UPDATE SET last = CURRENT_TIMESTAMP(0)
               WHERE t.last IS DISTINCT FROM CURRENT_TIMESTAMP(0)"
         );
