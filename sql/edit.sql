@@ -756,7 +756,7 @@ BEGIN
                         coalesce(f.canonical, key));
     IF r IS NULL THEN
         RAISE EXCEPTION 'feature % does not exist in layer %', coalesce(f.canonical, key), layer USING ERRCODE = 'P0002',
-            HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction.';
+            HINT = 'Call record_edit after the application''s own INSERT or UPDATE of the row, in the same transaction. To retire a feature, do not DELETE the row: record_edit(layer, id, ''retired'') deletes it and records the event.';
     END IF;
     SELECT s.row_version INTO recorded FROM feature_state s
      WHERE s.layer = _record_edit_key.layer AND s.feature_id = f.number;

@@ -61,8 +61,11 @@ fn from_geo(m: &MultiPolygon) -> Vec<Vec<Vec<Xy>>> {
 /// number of all their rings (even-odd), and the rings differ only along each run of changed
 /// vertices. So O xor N is, by the same even-odd rule, the loops that each run's old path and new
 /// path close between the unchanged vertices on either side: small polygons near the moved
-/// vertices, as cover() fills them (even-odd over a polygon's rings). A ring whose every vertex
-/// changed is its old and new ring both. None when the structure differs.
+/// vertices, as cover() fills them (even-odd over a polygon's rings). None when the structure
+/// differs, or when every vertex of a ring changed (a ring moved whole): its old and new ring
+/// would close the difference by parity, but their edges that slide along their own line (a
+/// rectangle moved along an axis) would be traced where the difference has no width, 33 tiles
+/// for 29 (found by a new user's trial); the overlay is exact there.
 fn changed_loops(old: &[Vec<Vec<Xy>>], new: &[Vec<Vec<Xy>>]) -> Option<Vec<Vec<Vec<Xy>>>> {
     let same_counts = |a: &Vec<Vec<Xy>>, b: &Vec<Vec<Xy>>| a.len() == b.len() && a.iter().zip(b).all(|(r, s)| r.len() == s.len());
     if old.len() != new.len() || !old.iter().zip(new).all(|(a, b)| same_counts(a, b)) {
@@ -76,10 +79,7 @@ fn changed_loops(old: &[Vec<Vec<Xy>>], new: &[Vec<Vec<Xy>>]) -> Option<Vec<Vec<V
             return None;
         }
         let changed = |i: usize| key(&r[i % n]) != key(&s[i % n]);
-        let Some(start) = (0..n).find(|&i| !changed(i)) else {
-            loops.push(vec![r.clone(), s.clone()]);
-            continue;
-        };
+        let start = (0..n).find(|&i| !changed(i))?;
         let mut k = 1;
         while k <= n {
             if !changed(start + k) {
@@ -207,9 +207,6 @@ mod tests {
             p[0][0][40] = p[0][0][0];
             cases.push(p);
         }
-        let mut all = old.clone();
-        all[0][1] = all[0][1].iter().map(|&p| nudge(p, 0.00002)).collect();
-        cases.push(all);
         let shape = |p: &Vec<Vec<Vec<Xy>>>| Shape { polygons: p.clone(), ..Default::default() };
         for (i, new) in cases.iter().enumerate() {
             let loops = changed_loops(&old, new).unwrap();
@@ -220,9 +217,29 @@ mod tests {
                 assert_eq!(a, b, "case {i} zoom {zoom}");
             }
         }
-        // A vertex more or less is a different structure: the overlay's job.
+        // A vertex more or less is a different structure, and a ring moved whole has no unchanged
+        // vertex to close a loop at: the overlay's job.
         let mut fewer = old.clone();
         fewer[0][0].remove(3);
         assert!(changed_loops(&old, &fewer).is_none());
+        let mut hole_moved = old.clone();
+        hole_moved[0][1] = hole_moved[0][1].iter().map(|&p| nudge(p, 0.00002)).collect();
+        assert!(changed_loops(&old, &hole_moved).is_none());
+    }
+
+    #[test]
+    fn a_rectangle_moved_along_an_axis_expires_only_its_two_slivers() {
+        // Lyon's 0.06 x 0.04 degree box moved 0.003 degrees east, in world units: its top and
+        // bottom edges slide along themselves, where the difference has no width.
+        let w = |lon: f64, lat: f64| crate::tiles::mercator::world_xy(lon, lat);
+        let rect = |x0: f64| vec![vec![w(x0, 45.74), w(x0 + 0.06, 45.74), w(x0 + 0.06, 45.78), w(x0, 45.78), w(x0, 45.74)]];
+        let (a, b) = (Shape { polygons: vec![rect(4.80)], ..Default::default() }, Shape { polygons: vec![rect(4.803)], ..Default::default() });
+        let d = symmetric_difference(&a, &b).unwrap();
+        // The difference is the two 0.003-degree slivers at the west and east ends.
+        let sliver = |x0: f64| vec![vec![w(x0, 45.74), w(x0 + 0.003, 45.74), w(x0 + 0.003, 45.78), w(x0, 45.78), w(x0, 45.74)]];
+        let slivers = Shape { polygons: vec![sliver(4.80), sliver(4.86)], ..Default::default() };
+        for zoom in [10, 12, 14] {
+            assert_eq!(tiles(&d, zoom), tiles(&slivers, zoom), "zoom {zoom}");
+        }
     }
 }
