@@ -648,3 +648,47 @@ def test_a_worker_killed_between_delivery_and_delete_loses_nothing(db, dest, rel
             # The list's key is the same on both sides: a consumer of either can drop the copy.
             assert set(keys) == set(ids), (keys, ids)
     assert len(repeated) == 1, f"one output's delivery repeated, not {repeated}"
+
+
+def test_the_expire_table_is_written_with_its_owners_rights_not_the_relays(db, dest):
+    """The relay runs as a superuser; the expire table's triggers must run as the table's owner,
+    in a restricted context, as the layers are read: an owner's trigger cannot act as superuser."""
+    db.execute("CREATE ROLE regress_tiles_owner")
+    try:
+        db.execute("CREATE TABLE public.owned_tiles (zoom int4 NOT NULL, x int4 NOT NULL, y int4 NOT NULL,"
+                   " first timestamptz DEFAULT CURRENT_TIMESTAMP(0), last timestamptz DEFAULT CURRENT_TIMESTAMP(0),"
+                   " PRIMARY KEY (zoom, x, y))")
+        db.execute("CREATE TABLE public.owned_tiles_log (who text, superuser boolean, escalated text)")
+        db.execute("""CREATE FUNCTION public.owned_tiles_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+                      DECLARE escalated text := 'no';
+                      BEGIN
+                          BEGIN
+                              EXECUTE 'ALTER ROLE regress_tiles_owner SUPERUSER';
+                              escalated := 'yes';
+                          EXCEPTION WHEN OTHERS THEN escalated := SQLSTATE;
+                          END;
+                          INSERT INTO public.owned_tiles_log VALUES (current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), escalated);
+                          RETURN NEW;
+                      END $$""")
+        db.execute("CREATE TRIGGER audit BEFORE INSERT ON public.owned_tiles FOR EACH ROW EXECUTE FUNCTION public.owned_tiles_audit()")
+        for sql in ("ALTER TABLE public.owned_tiles OWNER TO regress_tiles_owner",
+                    "ALTER TABLE public.owned_tiles_log OWNER TO regress_tiles_owner",
+                    "ALTER FUNCTION public.owned_tiles_audit() OWNER TO regress_tiles_owner"):
+            db.execute(sql)
+        db.execute("""SELECT feature_outbox.define_expire_output('owned', 3, "table" => 'public.owned_tiles')""")
+        db.execute("SELECT feature_outbox.expire_layer('shapes', 'owned')")
+        dest.mark()
+        edit(db, 701, "created", wkt_point((2.35, 48.86)))
+        wait_drained(db)
+        rows = db.execute("SELECT DISTINCT who, superuser, escalated FROM public.owned_tiles_log").fetchall()
+        assert rows, "the relay wrote no tile into the owned expire table"
+        assert rows == [("regress_tiles_owner", False, "42501")], rows
+        assert not db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'regress_tiles_owner'").fetchone()[0]
+        got = set(db.execute("SELECT zoom, x, y FROM public.owned_tiles").fetchall())
+        want = set(db.execute(f"SELECT zoom, x, y FROM public.ref_tiles({geom(wkt_point((2.35, 48.86)))}, 0, 3, 0.1)").fetchall())
+        assert got == want, (sorted(got), sorted(want))
+    finally:
+        db.execute("SELECT feature_outbox.drop_expire_output('owned') WHERE EXISTS (SELECT FROM feature_outbox.expire_outputs WHERE name = 'owned')")
+        db.execute("DROP TABLE IF EXISTS public.owned_tiles, public.owned_tiles_log")
+        db.execute("DROP FUNCTION IF EXISTS public.owned_tiles_audit()")
+        db.execute("DROP ROLE regress_tiles_owner")

@@ -24,7 +24,7 @@ ZOOMS = (0, 5, 10, 12, 14)
 BUFFERS = (0.0, 0.1)
 RATIO = 1.1
 # Compare the math, not the fallback: no shape here falls back to its boundary.
-NO_LIMIT = 10**9
+NO_LIMIT = 1_000_000  # the cap (src/tiles/mod.rs, MAX_TILES_GEOMETRY)
 
 # The county sample (FIPS): the largest, multipolygons, a few that fail ST_IsValid, and a seeded
 # random sample of the rest.

@@ -212,15 +212,38 @@ BEGIN
                        ' last timestamp with time zone DEFAULT CURRENT_TIMESTAMP(0), PRIMARY KEY (zoom, x, y))', parts[1], parts[2]);
     END IF;
     rel := format('%I.%I', parts[1], parts[2])::regclass;
-    SELECT string_agg(c, ', ') INTO missing FROM unnest(ARRAY['zoom', 'x', 'y', 'first', 'last']) c
-     WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c AND NOT a.attisdropped);
-    IF missing IS NOT NULL OR NOT EXISTS (
-           SELECT 1 FROM pg_index i WHERE i.indrelid = rel AND i.indisunique AND i.indnkeyatts = 3
+    -- What the relay's upsert needs, checked now: a table it can never write would hold back its
+    -- output for ever. The columns with osm2pgsql's types, no other column it cannot fill, and a
+    -- unique key on (zoom, x, y) that ON CONFLICT can use (not partial, not deferrable).
+    SELECT string_agg(format('%s %s', c, t), ', ') INTO missing
+      FROM unnest(ARRAY['zoom', 'x', 'y', 'first', 'last'], ARRAY['integer', 'integer', 'integer', 'timestamptz', 'timestamptz']) u(c, t)
+     WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c AND NOT a.attisdropped
+                          AND a.atttypid = t::regtype);
+    IF missing IS NULL THEN
+        SELECT format('Its column %I is NOT NULL without a default, and the relay writes only zoom, x and y.', a.attname) INTO missing
+          FROM pg_attribute a
+         WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull AND NOT a.atthasdef
+           AND a.attidentity = '' AND a.attgenerated = '' AND a.attname NOT IN ('zoom', 'x', 'y')
+         LIMIT 1;
+    ELSE
+        missing := format('It lacks the columns %s.', missing);
+    END IF;
+    IF missing IS NULL AND NOT EXISTS (
+           SELECT 1 FROM pg_index i WHERE i.indrelid = rel AND i.indisunique AND i.indimmediate AND i.indpred IS NULL
+              AND i.indexprs IS NULL AND i.indnkeyatts = 3
               AND (SELECT array_agg(a.attname::text ORDER BY k.n) FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n)
                      JOIN pg_attribute a ON a.attrelid = rel AND a.attnum = k.attnum) = ARRAY['zoom', 'x', 'y']) THEN
-        RAISE EXCEPTION 'table % is not an expire table', rel USING ERRCODE = '42P16',
-            DETAIL = coalesce(format('It lacks the columns %s.', missing), 'It has no unique key on (zoom, x, y).'),
+        missing := 'It has no unique key on (zoom, x, y) that ON CONFLICT can use (one that is neither partial nor deferrable).';
+    END IF;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'table % is not an expire table', rel USING ERRCODE = '42P16', DETAIL = missing,
             HINT = 'osm2pgsql''s expire table has columns zoom, x, y (int4), first and last (timestamptz) and PRIMARY KEY (zoom, x, y); name a new table and it is created so.';
+    END IF;
+    -- The relay writes the table as its owner, in a restricted context: the caller must be allowed
+    -- to write it, or an output would write where its definer cannot.
+    IF NOT has_table_privilege(rel, 'INSERT') OR NOT has_table_privilege(rel, 'UPDATE') THEN
+        RAISE EXCEPTION 'permission denied: expire table % needs INSERT and UPDATE for %', rel, current_user USING ERRCODE = '42501',
+            HINT = 'The relay writes the table with its owner''s rights; the role defining the output must be allowed to write it too.';
     END IF;
     RETURN format('%I.%I', parts[1], parts[2]);
 END
@@ -262,8 +285,11 @@ BEGIN
             (SELECT o.name FROM expire_outputs o WHERE o.subject = define_expire_output.subject) USING ERRCODE = '23505',
             HINT = 'Each output''s tile lists need a subject of their own: a tile pipeline reads one output''s lists.';
     END IF;
-    IF url IS NOT NULL AND url !~* '^https?://[^/\s]+' THEN
-        RAISE EXCEPTION 'url % is not an http:// or https:// URL', quote_literal(url) USING ERRCODE = '22023';
+    -- Only the characters a URI may hold (RFC 3986, section 2): the HTTP client refuses the rest at
+    -- each delivery, which would hold the output back for ever.
+    IF url IS NOT NULL AND (url !~* '^https?://[^/\s]+' OR url !~ '^[A-Za-z0-9._~:/?#@!$&''()*+,;=%\[\]-]+$') THEN
+        RAISE EXCEPTION 'url % is not an http:// or https:// URL', quote_literal(url) USING ERRCODE = '22023',
+            HINT = 'A URL holds only the characters RFC 3986 allows: percent-encode spaces and the like.';
     END IF;
     INSERT INTO expire_outputs AS o (name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry)
     VALUES (define_expire_output.name, minzoom, maxzoom, CASE WHEN "table" IS NOT NULL THEN _expire_table("table") END,
@@ -387,7 +413,7 @@ $$;
 -- What each output has delivered and what waits for it.
 CREATE OR REPLACE VIEW expire_backlog AS
 SELECT o.name AS output, o.minzoom, o.maxzoom, o.expire_table, o.subject,
-       regexp_replace(o.url, '://[^/@]*@', '://********@') AS url,  -- credentials masked, as the settings are
+       regexp_replace(o.url, '://[^/]*@', '://********@') AS url,  -- credentials masked, as the settings are
        (SELECT count(*) FROM tile_queue q WHERE q.output = o.name) AS waiting_edits,
        (SELECT now() - min(q.queued_at) FROM tile_queue q WHERE q.output = o.name) AS oldest_waiting_age,
        p.edits, (SELECT sum(t) FROM unnest(p.tiles_by_zoom) t)::bigint AS tiles_expired, p.tiles_by_zoom, p.lists_sent,

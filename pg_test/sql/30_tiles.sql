@@ -23,9 +23,38 @@ SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, subject => 
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, subject => 'features.tiles')$$);
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, url => 'ftp://example.org/tiles')$$);
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.expire_tiles', max_tiles_geometry => 0)$$);
--- An existing table without osm2pgsql's key is not an expire table.
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.expire_tiles', max_tiles_geometry => 1000001)$$);
+-- A URL with a character no URI holds would fail every delivery: refused now.
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, url => 'http://127.0.0.1:9/a b')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, url => E'http://127.0.0.1:9/x\nInjected: 1')$$);
+-- An existing table without osm2pgsql's key is not an expire table, nor one whose key or columns
+-- the relay's upsert cannot use.
 CREATE TABLE public.not_expire (zoom int, x int, y int, first timestamptz, last timestamptz);
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.not_expire')$$);
+CREATE TABLE public.partial_key (zoom int, x int, y int, first timestamptz, last timestamptz);
+CREATE UNIQUE INDEX ON public.partial_key (zoom, x, y) WHERE zoom > 100;
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.partial_key')$$);
+CREATE TABLE public.deferred_key (zoom int, x int, y int, first timestamptz, last timestamptz,
+                                  UNIQUE (zoom, x, y) DEFERRABLE);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.deferred_key')$$);
+CREATE TABLE public.int_times (zoom int, x int, y int, first int, last int, PRIMARY KEY (zoom, x, y));
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.int_times')$$);
+CREATE TABLE public.extra_column (zoom int, x int, y int, first timestamptz, last timestamptz, source text NOT NULL,
+                                  PRIMARY KEY (zoom, x, y));
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.extra_column')$$);
+-- A role that may define outputs but not write the table is refused: the relay would write it.
+CREATE ROLE regress_tile_operator;
+GRANT USAGE ON SCHEMA feature_outbox TO regress_tile_operator;
+GRANT EXECUTE ON FUNCTION feature_outbox.define_expire_output(text, integer, integer, text, text, text, bigint),
+                           feature_outbox._expire_table(text), feature_outbox._expire_rule_check(integer, integer, float8, text, float8, bigint)
+   TO regress_tile_operator;
+GRANT SELECT, INSERT, UPDATE ON feature_outbox.expire_outputs, feature_outbox.expire_progress TO regress_tile_operator;
+CREATE TABLE public.locked_tiles (zoom int, x int, y int, first timestamptz, last timestamptz, PRIMARY KEY (zoom, x, y));
+SET ROLE regress_tile_operator;
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.locked_tiles')$$);
+RESET ROLE;
+DROP OWNED BY regress_tile_operator;
+DROP ROLE regress_tile_operator;
 SELECT count(*) AS outputs FROM feature_outbox.expire_outputs;
 SELECT to_regclass('public.expire_tiles') AS no_table_made;
 
@@ -55,6 +84,7 @@ SELECT try($$SELECT feature_outbox.expire_layer('parcels', 'tiles', full_area_li
 SELECT try($$SELECT feature_outbox.expire_layer('parcels', 'tiles', buffer => -0.1)$$);
 SELECT try($$SELECT feature_outbox.expire_layer('parcels', 'tiles', buffer => 'NaN')$$);
 SELECT try($$SELECT feature_outbox.expire_layer('parcels', 'tiles', buffer => 2)$$);
+SELECT try($$SELECT feature_outbox.expire_layer('parcels', 'tiles', mode => 'hybrid', full_area_limit => -1)$$);
 SELECT count(*) AS rules FROM feature_outbox.expire_rules;
 SELECT feature_outbox.expire_layer('parcels', 'tiles', mode => 'hybrid', full_area_limit => 20000, buffer => 0.125);
 SELECT feature_outbox.expire_layer('parcels', 'tiles');  -- again: the rule changes in place

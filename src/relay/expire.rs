@@ -60,6 +60,8 @@ const PROGRESS_SQL: &str = "INSERT INTO feature_outbox.expire_progress AS p (out
        edits = p.edits + $3, lists_sent = p.lists_sent + $4, boundary_fallbacks = p.boundary_fallbacks + $5,
        dropped_zooms = p.dropped_zooms + $6, box_fallbacks = p.box_fallbacks + $7, last_sent_at = now()";
 
+const OWNER_SQL: &str = "SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)";
+
 const ERROR_SQL: &str = "UPDATE feature_outbox.expire_progress SET last_error = $2, last_error_at = now() WHERE output = $1";
 
 /// One expire output as the relay reads it.
@@ -418,6 +420,13 @@ fn deliver(
         );
         let plan = prepared(client, &sql, &[pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID, pg_sys::INT4ARRAYOID], true);
         let col = |f: fn(&Tile) -> i32| tiles.iter().map(f).collect::<Vec<i32>>();
+        // As the table's owner, in a restricted context (roles.rs), as the layers are read: its
+        // triggers and defaults run with the owner's rights, never the relay's superuser ones.
+        let owner = prepared(client, OWNER_SQL, &[pg_sys::TEXTOID], false);
+        let owner = client.select(&*owner, None, &[table.as_str().into()])?.first().get_one::<pg_sys::Oid>()?;
+        let owner = owner.ok_or_else(|| RelayError::Destination(format!("expire table {table} does not exist")))?;
+        let context = crate::roles::current().context;
+        let _as_owner = crate::roles::As::enter(owner, context, pg_sys::SECURITY_RESTRICTED_OPERATION);
         client.update(&*plan, None, &[col(|t| t.zoom as i32).into(), col(|t| t.x as i32).into(), col(|t| t.y as i32).into()])?;
     }
     Ok(lists)

@@ -81,6 +81,11 @@ pub fn compute(rows: &[Queued], zooms: Zooms, output: &str) -> Computed {
         }
         if expired.tiles.is_empty() && boxed {
             c.notes.push(format!("expire output {output}: outbox row {} has no shape and no box: it expires no tile", row.outbox_id));
+        } else if boxed && row.event_type == "moved" && row.old.is_none() && row.previous_bbox.is_none() {
+            c.notes.push(format!(
+                "expire output {output}: outbox row {} moves a feature whose old shape and box were never recorded: only its new shape's tiles",
+                row.outbox_id
+            ));
         }
         c.figures.dropped_zooms += expired.dropped_from_zoom.is_some() as i64;
         c.figures.box_fallbacks += boxed as i64;
@@ -102,7 +107,7 @@ fn expire_row(row: &Queued, zooms: Zooms) -> (Expired, bool) {
         buffer: row.buffer,
         mode: Mode::parse(&row.mode, row.full_area_limit).unwrap_or(Mode::FullArea),
         diff: row.diff,
-        max_tiles_geometry: usize::try_from(zooms.max_tiles_geometry).unwrap_or(usize::MAX),
+        max_tiles_geometry: zooms.max_tiles_geometry.clamp(1, tiles::MAX_TILES_GEOMETRY) as usize,
     };
     // A stored shape that does not read is treated as one never kept: its box stands in.
     let read = |w: &Option<Vec<u8>>| w.as_deref().and_then(|b| shape::from_wkb(b).ok());
@@ -114,6 +119,9 @@ fn expire_row(row: &Queued, zooms: Zooms) -> (Expired, bool) {
         ("moved", Some(o), Some(n), _) => (Some(Change::Moved { old: o, new: n, properties_changed: row.properties_changed }), false),
         // The old side never kept (written before the layer had an output, or before 0.4.0): its box.
         ("moved", None, Some(n), Some(b)) => (Some(Change::Moved { old: b, new: n, properties_changed: true }), true),
+        // Neither the old shape nor its box (a feature the extension never saw before this move):
+        // the new shape alone, counted as a fallback so that it is never silent.
+        ("moved", None, Some(n), None) => (Some(Change::New(n)), true),
         (_, _, Some(n), _) => (Some(Change::New(n)), false),
         (_, Some(o), None, _) => (Some(Change::New(o)), false),
         (_, None, None, Some(b)) => (Some(Change::New(b)), true),
@@ -154,6 +162,16 @@ mod tests {
         assert_eq!(c.figures.by_zoom[..4], [1, 2, 2, 2]);
         assert!(c.tiles.windows(2).all(|w| w[0] < w[1]));
         assert!(c.notes.is_empty());
+    }
+
+    #[test]
+    fn a_move_without_old_shape_or_box_expires_the_new_shape_and_counts_it() {
+        let mut row = point(9, 10.0, 10.0);
+        row.event_type = "moved".into();
+        let c = compute(&[row], Zooms { minzoom: 0, maxzoom: 2, max_tiles_geometry: 100 }, "t");
+        assert_eq!(c.tiles.len(), 3);
+        assert_eq!(c.figures.box_fallbacks, 1);
+        assert!(c.notes[0].contains("outbox row 9 moves a feature whose old shape and box were never recorded"), "{:?}", c.notes);
     }
 
     #[test]

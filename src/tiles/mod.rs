@@ -18,6 +18,11 @@ use shape::{Shape, Xy};
 /// The deepest zoom an output may ask for (osm2pgsql's limit too).
 pub const MAX_ZOOM: u8 = 20;
 
+/// The largest `max_tiles_geometry`: a cover holds up to four times its limit while it merges
+/// (about 48 MB), outside PostgreSQL's memory accounting. Without a cap, any role's
+/// tiles_touched of the world at zoom 20 took 24 GB and the kernel killed the backend.
+pub const MAX_TILES_GEOMETRY: i64 = 1_000_000;
+
 /// One XYZ tile: y counted from the north. Ordered by (zoom, x, y), the expire table's key order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tile {
@@ -153,6 +158,9 @@ impl Rule {
         if !(buffer.is_finite() && (0.0..=1.0).contains(&buffer)) {
             return bad(format!("buffer {buffer} is outside 0–1"), "The buffer is a fraction of a tile's width added on every side: 0.1 is 10 %.");
         }
+        if let Some(l) = full_area_limit_m.filter(|l| !(l.is_finite() && *l >= 0.0)) {
+            return bad(format!("full_area_limit {l} is not a finite width of 0 or more"), "full_area_limit is the width or height of a polygon's box in EPSG:3857 metres up to which its whole area expires.");
+        }
         if mode != "hybrid" && full_area_limit_m.is_some() {
             return bad(format!("full_area_limit applies to mode 'hybrid', not '{mode}'"), "Give mode => 'hybrid' with it, or leave it out.");
         }
@@ -162,8 +170,11 @@ impl Rule {
                 "Modes: 'full-area', 'boundary-only', or 'hybrid' with full_area_limit (the width or height of a polygon's box in EPSG:3857 metres up to which its whole area expires).",
             );
         };
-        if max_tiles_geometry < 1 {
-            return bad(format!("max_tiles_geometry {max_tiles_geometry} is below 1"), "It is the tiles, over all zooms, one shape may expire before it falls back to its boundary.");
+        if !(1..=MAX_TILES_GEOMETRY).contains(&max_tiles_geometry) {
+            return bad(
+                format!("max_tiles_geometry {max_tiles_geometry} is outside 1–{MAX_TILES_GEOMETRY}"),
+                "It is the tiles, over all zooms, one shape may expire before it falls back to its boundary; the cap bounds the memory one cover may take (12 bytes a tile).",
+            );
         }
         Ok(Rule {
             minzoom: minzoom as u8,
@@ -365,6 +376,18 @@ mod tests {
         assert!(e.fell_back_to_boundary);
         let z = e.dropped_from_zoom.expect("zooms dropped");
         assert!(e.tiles.iter().all(|t| t.zoom < z) && e.tiles.len() <= 2_000);
+    }
+
+    #[test]
+    fn limits_and_widths_out_of_range_are_refused() {
+        let r = |limit: i64, l: Option<f64>| Rule::checked(0, 20, 0.1, if l.is_some() { "hybrid" } else { "full-area" }, l, true, limit);
+        assert!(r(MAX_TILES_GEOMETRY, None).is_ok());
+        assert!(r(MAX_TILES_GEOMETRY + 1, None).is_err() && r(i64::MAX, None).is_err() && r(0, None).is_err());
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            let e = r(100, Some(bad)).unwrap_err();
+            assert!(e.message.contains("not a finite width"), "{}", e.message);
+        }
+        assert!(r(100, Some(0.0)).is_ok());
     }
 
     #[test]
