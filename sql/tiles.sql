@@ -371,13 +371,28 @@ COMMENT ON FUNCTION unexpire_layer(text, text) IS
     'Detaches a layer from an expire output; edits queued before still deliver their tiles, under the rule they were queued with.';
 
 -- The tile math on its own, for a look at what an output would expire (osm2pgsql-expire's job).
+-- An argument of the tile functions that must not be NULL, passed through: 22004 naming it, where
+-- the Rust function would raise XX000 with its position.
+CREATE OR REPLACE FUNCTION _not_null(v anyelement, what text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF v IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = '22004';
+    END IF;
+    RETURN v;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION tiles_touched(shape geometry, maxzoom integer, minzoom integer DEFAULT 0, buffer float8 DEFAULT 0.1,
                                          mode text DEFAULT 'full-area', full_area_limit float8 DEFAULT NULL,
                                          max_tiles_geometry bigint DEFAULT 100000)
 RETURNS TABLE (zoom integer, x integer, y integer)
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-    SELECT * FROM _tiles_touched(ST_AsBinary(_tiles_lonlat(shape)), maxzoom, minzoom, buffer, mode, full_area_limit, max_tiles_geometry)
+    SELECT * FROM _tiles_touched(ST_AsBinary(_tiles_lonlat(shape)), _not_null(maxzoom, 'maxzoom'), _not_null(minzoom, 'minzoom'),
+                                 _not_null(buffer, 'buffer'), _not_null(mode, 'mode'), full_area_limit,
+                                 _not_null(max_tiles_geometry, 'max_tiles_geometry'))
 $$;
 COMMENT ON FUNCTION tiles_touched(geometry, integer, integer, float8, text, float8, bigint) IS
     'The XYZ tiles (Web Mercator, y from the north) a shape touches at zooms minzoom..maxzoom, each tile grown by buffer x its width.';
@@ -389,8 +404,9 @@ CREATE OR REPLACE FUNCTION tiles_changed(old geometry, new geometry, maxzoom int
 RETURNS TABLE (zoom integer, x integer, y integer)
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-    SELECT * FROM _tiles_changed(ST_AsBinary(_tiles_lonlat(old)), ST_AsBinary(_tiles_lonlat(new)), maxzoom, minzoom, buffer, mode,
-                                 full_area_limit, diff, max_tiles_geometry)
+    SELECT * FROM _tiles_changed(ST_AsBinary(_tiles_lonlat(old)), ST_AsBinary(_tiles_lonlat(new)), _not_null(maxzoom, 'maxzoom'),
+                                 _not_null(minzoom, 'minzoom'), _not_null(buffer, 'buffer'), _not_null(mode, 'mode'),
+                                 full_area_limit, _not_null(diff, 'diff'), _not_null(max_tiles_geometry, 'max_tiles_geometry'))
 $$;
 COMMENT ON FUNCTION tiles_changed(geometry, geometry, integer, integer, float8, text, float8, boolean, bigint) IS
     'The XYZ tiles a move from old to new expires: with diff, those their symmetric difference touches; without, those either touches.';

@@ -124,6 +124,9 @@ SELECT try($$SELECT * FROM feature_outbox.tiles_touched(ST_MakePoint(13.4, 52.5)
 SELECT try($$SELECT * FROM feature_outbox.tiles_touched(ST_SetSRID(ST_MakePoint(13.4, 52.5), 4326), 21)$$);
 SELECT try($$SELECT * FROM feature_outbox.tiles_touched(ST_SetSRID(ST_MakePoint(13.4, 52.5), 4326), 5, mode => 'hybrid')$$);
 SELECT try($$SELECT * FROM feature_outbox.tiles_touched(NULL, 5)$$);
+SELECT try($$SELECT * FROM feature_outbox.tiles_touched(ST_SetSRID(ST_MakePoint(13.4, 52.5), 4326), NULL)$$);
+SELECT try($$SELECT * FROM feature_outbox.tiles_changed(ST_SetSRID(ST_MakePoint(13.4, 52.5), 4326), ST_SetSRID(ST_MakePoint(13.5, 52.5), 4326), 5, diff => NULL)$$);
+SELECT try($$SELECT * FROM feature_outbox.tiles_touched(ST_SetSRID(ST_MakePoint(13.4, 52.5), 4326), 5, max_tiles_geometry => 4000000000)$$);
 -- A move of one corner: the difference's tiles, far fewer than either shape's.
 SELECT (SELECT count(*) FROM feature_outbox.tiles_changed(a, b, 16, 16)) AS diff_tiles,
        (SELECT count(*) FROM feature_outbox.tiles_changed(a, b, 16, 16, diff => false)) AS both_shapes
