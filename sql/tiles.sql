@@ -184,6 +184,19 @@ BEGIN
 END
 $$;
 
+-- An argument that must not be NULL, passed through: 22004 naming it (the tile functions' Rust
+-- side would raise XX000 with its position).
+CREATE OR REPLACE FUNCTION _not_null(v anyelement, what text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF v IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = '22004';
+    END IF;
+    RETURN v;
+END
+$$;
+
 -- osm2pgsql's expire table: columns zoom, x, y, first, last and PRIMARY KEY (zoom, x, y), created
 -- when missing; an existing table must have those columns and that key (42P16 otherwise).
 CREATE OR REPLACE FUNCTION _expire_table(p_table text) RETURNS text
@@ -261,10 +274,7 @@ BEGIN
         RAISE EXCEPTION 'expire output name % is not valid', coalesce(quote_literal(name), 'NULL') USING ERRCODE = '22023',
             HINT = 'Use 1 to 64 characters of a-z, 0-9, _ and -.';
     END IF;
-    IF maxzoom IS NULL OR minzoom IS NULL OR max_tiles_geometry IS NULL THEN
-        RAISE EXCEPTION '% must not be NULL', CASE WHEN maxzoom IS NULL THEN 'maxzoom' WHEN minzoom IS NULL THEN 'minzoom'
-                                                   ELSE 'max_tiles_geometry' END USING ERRCODE = '22004';
-    END IF;
+    PERFORM _not_null(maxzoom, 'maxzoom'), _not_null(minzoom, 'minzoom'), _not_null(max_tiles_geometry, 'max_tiles_geometry');
     -- Zooms, and the tile limit, as the relay will read them (22023 with the reason).
     PERFORM _expire_rule_check(minzoom, maxzoom, 0.1, 'full-area', NULL, max_tiles_geometry);
     IF "table" IS NULL AND subject IS NULL AND url IS NULL THEN
@@ -371,19 +381,6 @@ COMMENT ON FUNCTION unexpire_layer(text, text) IS
     'Detaches a layer from an expire output; edits queued before still deliver their tiles, under the rule they were queued with.';
 
 -- The tile math on its own, for a look at what an output would expire (osm2pgsql-expire's job).
--- An argument of the tile functions that must not be NULL, passed through: 22004 naming it, where
--- the Rust function would raise XX000 with its position.
-CREATE OR REPLACE FUNCTION _not_null(v anyelement, what text) RETURNS anyelement
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-AS $$
-BEGIN
-    IF v IS NULL THEN
-        RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = '22004';
-    END IF;
-    RETURN v;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION tiles_touched(shape geometry, maxzoom integer, minzoom integer DEFAULT 0, buffer float8 DEFAULT 0.1,
                                          mode text DEFAULT 'full-area', full_area_limit float8 DEFAULT NULL,
                                          max_tiles_geometry bigint DEFAULT 100000)

@@ -155,7 +155,6 @@ impl ExpireStep {
             }
             // The chunk in flight, unless the output was redefined since it was read.
             let ready = self.in_flight.remove(&output.name).filter(|f| f.output == output);
-            let joined = Instant::now();
             let ready = match ready.map(|f| f.work.join().map(|c| (f.ids, c))).transpose() {
                 Ok(r) => r,
                 Err(e) => {
@@ -163,7 +162,6 @@ impl ExpireStep {
                     continue;
                 }
             };
-            debug1!("{}: expire output {}: waited {} µs for the tile math (wait {wait})", me.tag, output.name, joined.elapsed().as_micros());
             let poster = &mut self.poster;
             let result = in_transaction_or_abort(|| {
                 Spi::connect_mut(|client| {
