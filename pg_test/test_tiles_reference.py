@@ -3,7 +3,9 @@ PostGIS computes in the same database. The reference, for zoom z and buffer b: t
 (latitudes clipped at Web Mercator's ±85.0511°; split at the antimeridian, in EPSG:3857 so that edges
 stay straight there as everywhere else), candidate tiles
 from the boxes of its parts (lines cut into pieces of at most a tile, so a long diagonal does not
-enumerate its whole box), kept where ST_Intersects(shape, ST_TileEnvelope(z, x, y, margin => b)).
+enumerate its whole box), kept where ST_Intersects(shape, ST_TileEnvelope(z, x, y) grown by b of a
+tile on every side): ST_TileEnvelope's own margin gives the same square, but the PostGIS beside
+PostgreSQL 18 clips it at the world's edge, where the buffer must reach across.
 Columns past the antimeridian wrap: a candidate column -1 is column 2^z - 1's envelope moved one world
 west, so a buffer reaches across as it does in the tile math. boundary-only takes the polygons'
 ST_Boundary; a move takes ST_SymDifference(old, new) in EPSG:3857.
@@ -127,7 +129,7 @@ LANGUAGE sql STABLE AS $$
                                least(floor((h - ST_YMin(pieces.geom)) / tw + buffer)::int + 1, n - 1)) ty)
     SELECT DISTINCT ((tx % n) + n) % n, ty
       FROM candidates, world, target
-     WHERE ST_Intersects(target.g, ST_Translate(ST_TileEnvelope(zoom, ((tx % n) + n) % n, ty, margin => buffer),
+     WHERE ST_Intersects(target.g, ST_Translate(ST_Expand(ST_TileEnvelope(zoom, ((tx % n) + n) % n, ty), buffer * tw),
                                              floor(tx::float8 / n) * 2 * h, 0))
 $$;
 """
