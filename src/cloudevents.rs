@@ -25,6 +25,9 @@ pub enum Binding {
     /// NATS: `datacontenttype` is `ce-datacontenttype`; a Content-Type of application/cloudevents
     /// would mean structured mode, so none is sent.
     Nats,
+    /// Kafka (Kafka protocol binding 3.2.3, binary mode): attributes as `ce_` headers, UTF-8
+    /// without percent-encoding, and `datacontenttype` as the `content-type` header.
+    Kafka,
 }
 
 /// Which of an event's messages: the event itself, or its departure notice (NATS only).
@@ -98,10 +101,12 @@ pub fn headers(envelope: Envelope, binding: Binding, from: &Source, prefix: &str
     let mut h: Vec<(String, String)> = trace(row).into_iter().map(|(n, v)| (n.to_string(), v)).collect();
     if envelope == Envelope::CloudEvents {
         for (name, value) in attributes(from, prefix, row, message) {
-            if name == "datacontenttype" && binding == Binding::Http {
-                continue;
+            match (binding, name) {
+                (Binding::Http, "datacontenttype") => continue,
+                (Binding::Kafka, "datacontenttype") => h.push(("content-type".to_string(), value)),
+                (Binding::Kafka, _) => h.push((format!("ce_{name}"), value)),
+                _ => h.push((format!("ce-{name}"), utf8_percent_encode(&value, HEADER_VALUE).to_string())),
             }
-            h.push((format!("ce-{name}"), utf8_percent_encode(&value, HEADER_VALUE).to_string()));
         }
     }
     h
@@ -165,6 +170,12 @@ mod tests {
         assert_eq!(get(&nats, "ce-type"), Some("features.departed"));
         // Every value is printable ASCII without spaces: safe as an HTTP or NATS header.
         assert!(http.iter().chain(&nats).all(|(_, v)| v.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'"')));
+        // Kafka: ce_ headers, UTF-8 as they are, and datacontenttype as content-type.
+        let kafka = headers(Envelope::CloudEvents, Binding::Kafka, &named("db"), "features", &r, Message::Event);
+        assert_eq!(get(&kafka, "ce_id"), Some(r.event_id.as_str()));
+        assert_eq!(get(&kafka, "ce_subject"), Some("Gate 7 \"north\" %"));
+        assert_eq!(get(&kafka, "content-type"), Some("application/json"));
+        assert!(kafka.iter().all(|(n, _)| !n.starts_with("ce-") && n != "ce_datacontenttype"));
     }
 
     #[test]

@@ -40,6 +40,30 @@ pub enum Envelope {
     CloudEvents,
 }
 
+/// librdkafka's `security.protocol`: how the relay reaches Kafka brokers.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KafkaSecurity {
+    #[name = c"plaintext"]
+    Plaintext,
+    #[name = c"ssl"]
+    Ssl,
+    #[name = c"sasl_plaintext"]
+    SaslPlaintext,
+    #[name = c"sasl_ssl"]
+    SaslSsl,
+}
+
+/// librdkafka's `sasl.mechanism` (Kafka's SASL/PLAIN and SASL/SCRAM, RFC 5802 and 7677).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KafkaSaslMechanism {
+    #[name = c"PLAIN"]
+    Plain,
+    #[name = c"SCRAM-SHA-256"]
+    ScramSha256,
+    #[name = c"SCRAM-SHA-512"]
+    ScramSha512,
+}
+
 pub static ENVELOPE: GucSetting<Envelope> = GucSetting::<Envelope>::new(Envelope::Native);
 pub static TRACEPARENT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TRACESTATE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -75,6 +99,13 @@ pub static SUBJECT_RESOLUTIONS: GucSetting<Option<CString>> = GucSetting::<Optio
 pub static HTTP_MAX_BODY_KB: GucSetting<i32> = GucSetting::<i32>::new(10 * 1024);
 pub static HTTP_CONCURRENCY: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static HTTP_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static KAFKA_TOPIC: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static KAFKA_PARTITIONS: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static KAFKA_REPLICATION_FACTOR: GucSetting<i32> = GucSetting::<i32>::new(-1);
+pub static KAFKA_SECURITY_PROTOCOL: GucSetting<KafkaSecurity> = GucSetting::<KafkaSecurity>::new(KafkaSecurity::Plaintext);
+pub static KAFKA_SASL_MECHANISM: GucSetting<KafkaSaslMechanism> = GucSetting::<KafkaSaslMechanism>::new(KafkaSaslMechanism::Plain);
+pub static KAFKA_SASL_USERNAME: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static KAFKA_SASL_PASSWORD_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
 pub fn init() {
@@ -197,6 +228,8 @@ pub fn init() {
     sighup(c"feature_outbox.nats_max_age", c"Max age of messages in the JetStream stream (and object bucket) the relay creates; at least nats_duplicate_window, 0 keeps them forever.", &NATS_MAX_AGE_S, 0, i32::MAX, GucFlags::UNIT_S);
     sighup(c"feature_outbox.http_concurrency", c"Webhook requests a relay worker keeps in flight, over as many keep-alive connections.", &HTTP_CONCURRENCY, 1, 256, GucFlags::default());
     sighup(c"feature_outbox.http_batch", c"Events per webhook request; above 1 the body is a JSON array (CloudEvents batch format under the cloudevents envelope).", &HTTP_BATCH, 1, 10_000, GucFlags::default());
+    sighup(c"feature_outbox.kafka_partitions", c"Partitions of each Kafka topic the relay creates.", &KAFKA_PARTITIONS, 1, 100_000, GucFlags::default());
+    sighup(c"feature_outbox.kafka_replication_factor", c"Replication factor of each Kafka topic the relay creates; -1 takes the broker's default.", &KAFKA_REPLICATION_FACTOR, -1, 100, GucFlags::default());
     sighup(c"feature_outbox.http_max_body", c"Largest webhook body; a larger event is parked at once.", &HTTP_MAX_BODY_KB, 1, 1024 * 1024, GucFlags::UNIT_KB);
     // The sink settings are superuser-settable (Suset), so that ALTER DATABASE ... SET can give each
     // database its own; the relay workers read them when they connect and on reload.
@@ -206,7 +239,7 @@ pub fn init() {
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.endpoint",
-            c"Sink URL: nats://, tls:// (NATS JetStream) or http://, https:// (webhook).",
+            c"Sink URL: nats://, tls:// (NATS JetStream), http://, https:// (webhook) or kafka://host:port[,host:port...].",
             c"Credentials in the URL are shown to superusers only, and refused per database or role.",
             &ENDPOINT,
             GucContext::Suset,
@@ -269,6 +302,37 @@ pub fn init() {
             GucContext::Sighup,
             GucFlags::default(),
             Some(check_resolutions),
+            None,
+            None,
+        );
+    }
+    per_database(c"feature_outbox.kafka_topic", c"One Kafka topic for every layer (keys then <layer>/<id>); empty: a topic per layer, <prefix>.<layer>.", &KAFKA_TOPIC);
+    GucRegistry::define_enum_guc(
+        c"feature_outbox.kafka_security_protocol",
+        c"How the relay reaches Kafka brokers: plaintext, ssl, sasl_plaintext or sasl_ssl (Kafka's security.protocol).",
+        c"ssl and sasl_ssl verify the brokers against the system roots, or feature_outbox.tls_ca_file's CA.",
+        &KAFKA_SECURITY_PROTOCOL,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"feature_outbox.kafka_sasl_mechanism",
+        c"SASL mechanism under sasl_plaintext or sasl_ssl: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.",
+        c"Superuser-settable, also per database.",
+        &KAFKA_SASL_MECHANISM,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    per_database(c"feature_outbox.kafka_sasl_username", c"SASL user name under sasl_plaintext or sasl_ssl.", &KAFKA_SASL_USERNAME);
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.kafka_sasl_password_file",
+            c"A file holding the SASL password (one line) under sasl_plaintext or sasl_ssl.",
+            c"Read by the relay workers when they connect; SQL never shows its content.",
+            &KAFKA_SASL_PASSWORD_FILE,
+            GucContext::Suset,
+            GucFlags::SUPERUSER_ONLY,
+            None,
             None,
             None,
         );

@@ -352,28 +352,9 @@ mod tests {
     }
 
     fn sink(batch: usize, max_body: usize) -> HttpSink {
-        let config = SinkConfig {
-            endpoint: "http://127.0.0.1:9/hook".into(),
-            publish_timeout: Duration::from_secs(1),
-            tls_ca_file: None,
-            nats_credentials_file: None,
-            nats_nkey_file: None,
-            http_secret: None,
-            http_secret_file: None,
-            subject_prefix: "features".into(),
-            legacy_subjects: false,
-            subject_resolutions: vec![],
-            stream: "FEATURES".into(),
-            duplicate_window: Duration::from_secs(1),
-            replicas: 1,
-            max_age: Duration::ZERO,
-            object_bucket: "B".into(),
-            http_max_body: max_body,
-            envelope: Envelope::Native,
-            source: crate::event::tests::source(),
-            http_concurrency: 8,
-            http_batch: batch,
-        };
+        let mut config = crate::sinks::test_config("http://127.0.0.1:9/hook");
+        config.http_max_body = max_body;
+        config.http_batch = batch;
         HttpSink::new(&config).unwrap()
     }
 

@@ -9,6 +9,7 @@ use crate::event::Row;
 #[cfg(feature = "fault-injection")]
 mod discard;
 pub mod http;
+pub mod kafka;
 pub mod nats;
 
 /// Settings a sink needs, read from the GUCs on the worker's main thread.
@@ -45,6 +46,17 @@ pub struct SinkConfig {
     pub http_concurrency: usize,
     /// feature_outbox.http_batch: events per request.
     pub http_batch: usize,
+    /// feature_outbox.kafka_topic: one topic for every layer; None: a topic per layer.
+    pub kafka_topic: Option<String>,
+    /// feature_outbox.kafka_partitions and kafka_replication_factor, for topics the relay creates.
+    pub kafka_partitions: i32,
+    pub kafka_replication_factor: i32,
+    /// feature_outbox.kafka_security_protocol, kafka_sasl_mechanism, kafka_sasl_username and
+    /// kafka_sasl_password_file (the file is read at connect).
+    pub kafka_security: crate::settings::KafkaSecurity,
+    pub kafka_sasl_mechanism: crate::settings::KafkaSaslMechanism,
+    pub kafka_sasl_username: Option<String>,
+    pub kafka_sasl_password_file: Option<String>,
 }
 
 /// What happened to one row of a batch.
@@ -149,6 +161,13 @@ impl SinkConfig {
             source,
             http_concurrency: settings::HTTP_CONCURRENCY.get().max(1) as usize,
             http_batch: settings::HTTP_BATCH.get().max(1) as usize,
+            kafka_topic: optional(settings::string(&settings::KAFKA_TOPIC)),
+            kafka_partitions: settings::KAFKA_PARTITIONS.get().max(1),
+            kafka_replication_factor: settings::KAFKA_REPLICATION_FACTOR.get(),
+            kafka_security: settings::KAFKA_SECURITY_PROTOCOL.get(),
+            kafka_sasl_mechanism: settings::KAFKA_SASL_MECHANISM.get(),
+            kafka_sasl_username: optional(settings::string(&settings::KAFKA_SASL_USERNAME)),
+            kafka_sasl_password_file: optional(settings::string(&settings::KAFKA_SASL_PASSWORD_FILE)),
         }
     }
 
@@ -163,10 +182,11 @@ pub fn connect(config: &SinkConfig, client_name: &str) -> Result<Box<dyn Sink>, 
     match config.scheme().as_str() {
         "nats" | "tls" => Ok(Box::new(nats::NatsSink::connect(config, client_name)?)),
         "http" | "https" => Ok(Box::new(http::HttpSink::new(config)?)),
+        "kafka" => Ok(Box::new(kafka::KafkaSink::connect(config, client_name)?)),
         #[cfg(feature = "fault-injection")]
         "discard" => Ok(Box::new(discard::Discard)),
         _ => Err(format!(
-            "feature_outbox.endpoint \"{}\" must start with nats://, tls://, http:// or https://",
+            "feature_outbox.endpoint \"{}\" must start with nats://, tls://, http://, https:// or kafka://",
             config.endpoint
         )),
     }
@@ -179,5 +199,39 @@ pub fn answers(config: &SinkConfig, timeout: std::time::Duration) -> Option<bool
     match config.scheme().as_str() {
         "nats" | "tls" => Some(nats::answers(&config.endpoint, timeout)),
         _ => None,
+    }
+}
+
+/// Settings for a sink's unit tests: `endpoint`, defaults elsewhere.
+#[cfg(test)]
+pub(crate) fn test_config(endpoint: &str) -> SinkConfig {
+    SinkConfig {
+        endpoint: endpoint.into(),
+        publish_timeout: Duration::from_secs(1),
+        tls_ca_file: None,
+        nats_credentials_file: None,
+        nats_nkey_file: None,
+        http_secret: None,
+        http_secret_file: None,
+        subject_prefix: "features".into(),
+        legacy_subjects: false,
+        subject_resolutions: vec![],
+        stream: "FEATURES".into(),
+        duplicate_window: Duration::from_secs(1),
+        replicas: 1,
+        max_age: Duration::ZERO,
+        object_bucket: "B".into(),
+        http_max_body: 10 * 1024 * 1024,
+        envelope: crate::settings::Envelope::Native,
+        source: crate::event::tests::source(),
+        http_concurrency: 8,
+        http_batch: 1,
+        kafka_topic: None,
+        kafka_partitions: 1,
+        kafka_replication_factor: -1,
+        kafka_security: crate::settings::KafkaSecurity::Plaintext,
+        kafka_sasl_mechanism: crate::settings::KafkaSaslMechanism::Plain,
+        kafka_sasl_username: None,
+        kafka_sasl_password_file: None,
     }
 }
