@@ -30,6 +30,7 @@ from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubs
                     tally)
 from relay_harness import wait_for  # noqa: E402
 from tile_drills import tiles_postmaster_crash, tiles_worker_kill  # noqa: E402
+from kafka_drills import kafka_broker_kill, kafka_order, kafka_unreachable, kafka_worker_kill  # noqa: E402
 
 
 def settle(c: Cluster, editors: Editors, recovered: float, seconds: float = 2.0):
@@ -484,6 +485,10 @@ DRILLS = {
     "many_databases": many_databases,
     "tiles_worker_kill": tiles_worker_kill,
     "tiles_postmaster_crash": tiles_postmaster_crash,
+    "kafka_worker_kill": kafka_worker_kill,
+    "kafka_broker_kill": kafka_broker_kill,
+    "kafka_unreachable": kafka_unreachable,
+    "kafka_order": kafka_order,
 }
 NATS_DRILLS = {"worker_kill", "jetstream_cluster", "nats_outage", "stream_deleted"}
 

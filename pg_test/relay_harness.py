@@ -282,3 +282,21 @@ CLAIM_FROM = """SELECT o.id FROM feature_outbox.outbox o
                                       AND w.feature_id = o.feature_id AND w.next_attempt_at > now() AND w.layer = o.layer
                                       AND w.id < o.id)
                  ORDER BY o.id LIMIT 200 FOR UPDATE OF o SKIP LOCKED"""
+
+
+def make_tls(directory):
+    """A private CA and a server certificate for 127.0.0.1, made with openssl."""
+    import subprocess
+    directory.mkdir(parents=True, exist_ok=True)
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=directory)
+    # Key usages as RFC 5280 has them: Python 3.13+ verifies strictly (VERIFY_X509_STRICT) and refuses
+    # a CA certificate without keyUsage.
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=feature_outbox test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                                       "extendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+        "-extfile", "san.ext", "-out", "server.pem")
+    return directory / "ca.pem", directory / "server.pem", directory / "server.key"

@@ -18,7 +18,7 @@ from standardwebhooks.webhooks import Webhook
 
 from conftest import RUN_DIR, Cluster, create_fault_point, free_port
 from drills import relay_pids
-from relay_harness import NatsServer, Receiver, get_object, receiver, subject, wait_for  # noqa: F401 (receiver: a fixture)
+from relay_harness import NatsServer, Receiver, get_object, make_tls, receiver, subject, wait_for  # noqa: F401 (receiver: a fixture)
 from relay_harness import reconfigure as configure
 
 DB = "relay"
@@ -232,24 +232,6 @@ def test_nats_outage_longer_than_backoff_cap_drains_without_parking(relay, nats_
     got = Counter(m["event"]["event_id"] for m in nats_server.messages())
     assert all(got[str(r["event_id"])] == 1 for r in outbox(relay, ids))
     assert "sink down" in relay.log() and "sink back" in relay.log()
-
-
-def make_tls(directory):
-    """A private CA and a server certificate for 127.0.0.1, made with openssl."""
-    import subprocess
-    directory.mkdir(parents=True, exist_ok=True)
-    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=directory)
-    # Key usages as RFC 5280 has them: Python 3.13+ verifies strictly (VERIFY_X509_STRICT) and refuses
-    # a CA certificate without keyUsage.
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=feature_outbox test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-keyout", "ca.key", "-out", "ca.pem")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                                       "extendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-        "-extfile", "san.ext", "-out", "server.pem")
-    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
 
 
 def delivered_via(c, server, feature_id):

