@@ -110,7 +110,10 @@ class Tansu:
         partition's end offset as the broker reports it. assign(), not a group: tansu's group
         coordination is slow to hand out partitions."""
         import time
+        # A producer's record batch can be larger than kafka-python's 1 MB per partition, and tansu
+        # returns nothing rather than the first batch whole (Kafka's KIP-74 rule): fetch more.
         consumer = KafkaConsumer(bootstrap_servers=self.address, auto_offset_reset="earliest", group_id=None,
+                                 max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
                                  **self.client)
         try:
             deadline = time.time() + timeout
