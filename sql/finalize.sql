@@ -50,7 +50,7 @@ REVOKE ALL ON FUNCTION metrics() FROM PUBLIC;
 REVOKE ALL ON FUNCTION resolve_copy(text, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _identity_check() FROM PUBLIC;
 REVOKE ALL ON FUNCTION _identity_here() FROM PUBLIC;
-REVOKE ALL ON FUNCTION define_expire_output(text, integer, integer, text, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION define_expire_output(text, integer, integer, text, text, text, bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION drop_expire_output(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION expire_layer(text, text, text, float8, float8, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION unexpire_layer(text, text) FROM PUBLIC;

@@ -239,6 +239,9 @@ BEGIN
     UPDATE outbox SET parked_at = NULL, next_attempt_at = NULL, row_failures = 0
      WHERE parked_at IS NOT NULL AND published_at IS NULL;
     GET DIAGNOSTICS n = ROW_COUNT;
+    -- Edits whose tiles a destination refused (tile_queue, sql/tiles.sql): queued again as well.
+    WITH t AS (UPDATE tile_queue SET parked_at = NULL, attempts = 0 WHERE parked_at IS NOT NULL RETURNING 1)
+    SELECT n + count(*) INTO n FROM t;
     IF n > 0 THEN
         PERFORM _relay_low_water_reset();  -- the rows are below the claim's low-water mark
         PERFORM _wake_relay_at_commit();
@@ -246,7 +249,7 @@ BEGIN
     RETURN n;
 END
 $$;
-COMMENT ON FUNCTION retry_parked() IS 'Requeues parked outbox rows for another max_attempts round; EXECUTE is not granted to PUBLIC.';
+COMMENT ON FUNCTION retry_parked() IS 'Requeues parked outbox rows, and edits whose tiles a destination refused, for another max_attempts round; returns how many of both. EXECUTE is not granted to PUBLIC.';
 
 -- Publishes again the rows published since `since` (of one layer, or all): for a sink that lost
 -- messages it had acknowledged (a JetStream cluster that lost its stream's tail, a restored backup

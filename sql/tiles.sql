@@ -17,11 +17,16 @@ CREATE TABLE IF NOT EXISTS expire_outputs (
     expire_table       text,
     subject            text,    -- a NATS subject for the tile lists (the relay's NATS endpoint)
     url                text,    -- an HTTP endpoint each tile list is POSTed to (text/plain)
+    -- An HTTP tile cache to purge the expired tiles from: a URL template with {z}, {x} and {y},
+    -- and how (xkey: Varnish's xkey vmod, many tiles per request; purge: one PURGE per tile URL).
+    cache_url          text,
+    cache_method       text     CHECK (cache_method IN ('xkey', 'purge')),
     -- Tiles over all zooms one shape may expire before it falls back to its boundary.
     max_tiles_geometry bigint  NOT NULL DEFAULT 100000 CHECK (max_tiles_geometry >= 1),
     defined_at         timestamptz NOT NULL DEFAULT now(),
     CHECK (0 <= minzoom AND minzoom <= maxzoom AND maxzoom <= 20),
-    CHECK (expire_table IS NOT NULL OR subject IS NOT NULL OR url IS NOT NULL)
+    CHECK ((cache_url IS NULL) = (cache_method IS NULL)),
+    CHECK (expire_table IS NOT NULL OR subject IS NOT NULL OR url IS NOT NULL OR cache_url IS NOT NULL)
 );
 COMMENT ON TABLE expire_outputs IS 'Expire outputs (osm2pgsql''s term): a zoom range and where the expired tiles go.';
 SELECT pg_catalog.pg_extension_config_dump('expire_outputs', '');
@@ -74,6 +79,11 @@ CREATE TABLE IF NOT EXISTS tile_queue (
     full_area_limit    float8,
     diff               boolean   NOT NULL,
     queued_at          timestamptz NOT NULL DEFAULT now(),
+    -- A destination that refused this edit's tiles (a cache's 4xx): failures so far, the last
+    -- one's reason, and when feature_outbox.max_attempts of them parked the edit (retry_parked()).
+    attempts           integer   NOT NULL DEFAULT 0,
+    last_error         text,
+    parked_at          timestamptz,
     PRIMARY KEY (output, outbox_id)
 );
 SELECT pg_catalog.pg_extension_config_dump('tile_queue', '');
@@ -85,6 +95,7 @@ CREATE TABLE IF NOT EXISTS expire_progress (
     tiles_by_zoom      bigint[] NOT NULL DEFAULT array_fill(0::bigint, ARRAY[21]),  -- [1] is zoom 0
     edits              bigint   NOT NULL DEFAULT 0,
     lists_sent         bigint   NOT NULL DEFAULT 0,
+    purge_requests     bigint   NOT NULL DEFAULT 0,  -- requests the cache acknowledged
     boundary_fallbacks bigint   NOT NULL DEFAULT 0,  -- shapes over max_tiles_geometry
     dropped_zooms      bigint   NOT NULL DEFAULT 0,  -- shapes whose boundary was over it too
     box_fallbacks      bigint   NOT NULL DEFAULT 0,  -- old sides never kept: their box instead
@@ -264,7 +275,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION define_expire_output(name text, maxzoom integer, minzoom integer DEFAULT 0, "table" text DEFAULT NULL,
                                                 subject text DEFAULT NULL, url text DEFAULT NULL,
-                                                max_tiles_geometry bigint DEFAULT 100000) RETURNS void
+                                                max_tiles_geometry bigint DEFAULT 100000, cache_url text DEFAULT NULL,
+                                                cache_method text DEFAULT 'xkey') RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -277,9 +289,9 @@ BEGIN
     PERFORM _not_null(maxzoom, 'maxzoom'), _not_null(minzoom, 'minzoom'), _not_null(max_tiles_geometry, 'max_tiles_geometry');
     -- Zooms, and the tile limit, as the relay will read them (22023 with the reason).
     PERFORM _expire_rule_check(minzoom, maxzoom, 0.1, 'full-area', NULL, max_tiles_geometry);
-    IF "table" IS NULL AND subject IS NULL AND url IS NULL THEN
+    IF "table" IS NULL AND subject IS NULL AND url IS NULL AND cache_url IS NULL THEN
         RAISE EXCEPTION 'expire output % has no destination', name USING ERRCODE = '22023',
-            HINT = 'Give a table (osm2pgsql''s expire table), a NATS subject, a URL, or any of them.';
+            HINT = 'Give a table (osm2pgsql''s expire table), a NATS subject, a URL, a cache_url, or any of them.';
     END IF;
     IF subject IS NOT NULL AND (subject !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' OR length(subject) > 255) THEN
         RAISE EXCEPTION 'subject % is not a NATS subject for publishing', quote_literal(subject) USING ERRCODE = '22023',
@@ -301,18 +313,35 @@ BEGIN
         RAISE EXCEPTION 'url % is not an http:// or https:// URL', quote_literal(url) USING ERRCODE = '22023',
             HINT = 'A URL holds only the characters RFC 3986 allows: percent-encode spaces and the like.';
     END IF;
-    INSERT INTO expire_outputs AS o (name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry)
+    IF cache_url IS NOT NULL THEN
+        PERFORM _not_null(cache_method, 'cache_method');
+        IF cache_method NOT IN ('xkey', 'purge') THEN
+            RAISE EXCEPTION 'cache_method % is not xkey or purge', quote_literal(cache_method) USING ERRCODE = '22023',
+                HINT = 'xkey purges many tiles per request (Varnish''s xkey vmod, the VCL on the Tile caches page); purge sends one PURGE per tile URL.';
+        END IF;
+        -- A URL template: an http(s) URL holding {z}, {x} and {y} once each, otherwise only what
+        -- RFC 3986 allows.
+        IF cache_url !~* '^https?://[^/\s]+/' OR replace(replace(replace(cache_url, '{z}', '0'), '{x}', '0'), '{y}', '0')
+                                                  !~ '^[A-Za-z0-9._~:/?#@!$&''()*+,;=%\[\]-]+$'
+           OR (SELECT count(*) FROM regexp_matches(cache_url, '\{[zxy]\}', 'g')) <> 3
+           OR strpos(cache_url, '{z}') = 0 OR strpos(cache_url, '{x}') = 0 OR strpos(cache_url, '{y}') = 0 THEN
+            RAISE EXCEPTION 'cache_url % is not a tile URL template', quote_literal(cache_url) USING ERRCODE = '22023',
+                HINT = 'An http:// or https:// URL with {z}, {x} and {y} once each in its path, e.g. ''http://127.0.0.1:6081/parcels/{z}/{x}/{y}''.';
+        END IF;
+    END IF;
+    INSERT INTO expire_outputs AS o (name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry, cache_url, cache_method)
     VALUES (define_expire_output.name, minzoom, maxzoom, CASE WHEN "table" IS NOT NULL THEN _expire_table("table") END,
-            subject, url, max_tiles_geometry)
+            subject, url, max_tiles_geometry, cache_url, CASE WHEN cache_url IS NOT NULL THEN cache_method END)
     ON CONFLICT ON CONSTRAINT expire_outputs_pkey DO UPDATE
        SET minzoom = EXCLUDED.minzoom, maxzoom = EXCLUDED.maxzoom, expire_table = EXCLUDED.expire_table,
-           subject = EXCLUDED.subject, url = EXCLUDED.url, max_tiles_geometry = EXCLUDED.max_tiles_geometry;
+           subject = EXCLUDED.subject, url = EXCLUDED.url, max_tiles_geometry = EXCLUDED.max_tiles_geometry,
+           cache_url = EXCLUDED.cache_url, cache_method = EXCLUDED.cache_method;
     INSERT INTO expire_progress (output) VALUES (define_expire_output.name) ON CONFLICT DO NOTHING;
     IF _wake_relay_at_commit() IS NULL THEN END IF;
 END
 $$;
-COMMENT ON FUNCTION define_expire_output(text, integer, integer, text, text, text, bigint) IS
-    'Defines (or redefines, keeping its waiting tiles) an expire output: zooms minzoom..maxzoom (0-20) and any of osm2pgsql''s expire table, a NATS subject and an HTTP URL.';
+COMMENT ON FUNCTION define_expire_output(text, integer, integer, text, text, text, bigint, text, text) IS
+    'Defines (or redefines, keeping its waiting tiles) an expire output: zooms minzoom..maxzoom (0-20) and any of osm2pgsql''s expire table, a NATS subject, an HTTP URL and an HTTP tile cache to purge.';
 
 CREATE OR REPLACE FUNCTION drop_expire_output(name text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -427,10 +456,13 @@ $$;
 CREATE OR REPLACE VIEW expire_backlog AS
 SELECT o.name AS output, o.minzoom, o.maxzoom, o.expire_table, o.subject,
        regexp_replace(o.url, '://[^/]*@', '://********@') AS url,  -- credentials masked, as the settings are
-       (SELECT count(*) FROM tile_queue q WHERE q.output = o.name) AS waiting_edits,
-       (SELECT now() - min(q.queued_at) FROM tile_queue q WHERE q.output = o.name) AS oldest_waiting_age,
+       regexp_replace(o.cache_url, '://[^/]*@', '://********@') AS cache_url, o.cache_method,
+       (SELECT count(*) FROM tile_queue q WHERE q.output = o.name AND q.parked_at IS NULL) AS waiting_edits,
+       (SELECT now() - min(q.queued_at) FROM tile_queue q WHERE q.output = o.name AND q.parked_at IS NULL) AS oldest_waiting_age,
+       (SELECT count(*) FROM tile_queue q WHERE q.output = o.name AND q.parked_at IS NOT NULL) AS parked_edits,
        p.edits, (SELECT sum(t) FROM unnest(p.tiles_by_zoom) t)::bigint AS tiles_expired, p.tiles_by_zoom, p.lists_sent,
+       p.purge_requests,
        p.boundary_fallbacks, p.dropped_zooms, p.box_fallbacks, p.last_sent_at, p.last_error, p.last_error_at
   FROM expire_outputs o LEFT JOIN expire_progress p ON p.output = o.name;
 COMMENT ON VIEW expire_backlog IS
-    'Per expire output: edits whose tiles wait, the oldest''s age, tiles expired by zoom (tiles_by_zoom[1] is zoom 0), lists sent, limits hit, the last error.';
+    'Per expire output: edits whose tiles wait, the oldest''s age, edits parked (a destination refused them), tiles expired by zoom (tiles_by_zoom[1] is zoom 0), lists sent, purge requests acknowledged, limits hit, the last error.';

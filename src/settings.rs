@@ -106,6 +106,7 @@ pub static KAFKA_SECURITY_PROTOCOL: GucSetting<KafkaSecurity> = GucSetting::<Kaf
 pub static KAFKA_SASL_MECHANISM: GucSetting<KafkaSaslMechanism> = GucSetting::<KafkaSaslMechanism>::new(KafkaSaslMechanism::Plain);
 pub static KAFKA_SASL_USERNAME: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static KAFKA_SASL_PASSWORD_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static CACHE_SECRET_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
 pub fn init() {
@@ -325,6 +326,17 @@ pub fn init() {
     );
     per_database(c"feature_outbox.kafka_sasl_username", c"SASL user name under sasl_plaintext or sasl_ssl.", &KAFKA_SASL_USERNAME);
     unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.cache_secret_file",
+            c"A file holding the secret an expire output's cache purges carry (Authorization: Bearer <secret>).",
+            c"Read by the relay workers at each purge; SQL never shows its content.",
+            &CACHE_SECRET_FILE,
+            GucContext::Suset,
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            None,
+        );
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.kafka_sasl_password_file",
             c"A file holding the SASL password (one line) under sasl_plaintext or sasl_ssl.",

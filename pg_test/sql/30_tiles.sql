@@ -27,6 +27,13 @@ SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 
 -- A URL with a character no URI holds would fail every delivery: refused now.
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, url => 'http://127.0.0.1:9/a b')$$);
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, url => E'http://127.0.0.1:9/x\nInjected: 1')$$);
+-- A cache's URL is a tile URL template: {z}, {x} and {y} once each, http(s), a known method.
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/parcels/{z}/{x}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p/{z}/{x}/{y}/{y}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'ftp://127.0.0.1/p/{z}/{x}/{y}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p {z}/{x}/{y}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p/{z}/{x}/{y}', cache_method => 'ban')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p/{z}/{x}/{y}', cache_method => NULL)$$);
 -- An existing table without osm2pgsql's key is not an expire table, nor one whose key or columns
 -- the relay's upsert cannot use.
 CREATE TABLE public.not_expire (zoom int, x int, y int, first timestamptz, last timestamptz);
@@ -45,7 +52,7 @@ SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 
 -- A role that may define outputs but not write the table is refused: the relay would write it.
 CREATE ROLE regress_tile_operator;
 GRANT USAGE ON SCHEMA feature_outbox TO regress_tile_operator;
-GRANT EXECUTE ON FUNCTION feature_outbox.define_expire_output(text, integer, integer, text, text, text, bigint),
+GRANT EXECUTE ON FUNCTION feature_outbox.define_expire_output(text, integer, integer, text, text, text, bigint, text, text),
                            feature_outbox._expire_table(text), feature_outbox._expire_rule_check(integer, integer, float8, text, float8, bigint)
    TO regress_tile_operator;
 GRANT SELECT, INSERT, UPDATE ON feature_outbox.expire_outputs, feature_outbox.expire_progress TO regress_tile_operator;
@@ -68,8 +75,9 @@ SELECT pg_get_indexdef(i.indexrelid) AS key FROM pg_index i WHERE i.indrelid = '
 SELECT name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry FROM feature_outbox.expire_outputs;
 -- A second output cannot share the subject; a URL's credentials never show in expire_backlog.
 SELECT try($$SELECT feature_outbox.define_expire_output('other', 14, subject => 'tiles.parcels')$$);
-SELECT feature_outbox.define_expire_output('secret', 10, url => 'https://tiles:s3cret@cache.example.org/purge');
-SELECT output, url FROM feature_outbox.expire_backlog WHERE output = 'secret';
+SELECT feature_outbox.define_expire_output('secret', 10, url => 'https://tiles:s3cret@cache.example.org/purge',
+                                           cache_url => 'https://tiles:s3cret@cache.example.org/p/{z}/{x}/{y}.pbf');
+SELECT output, url, cache_url, cache_method, parked_edits, purge_requests FROM feature_outbox.expire_backlog WHERE output = 'secret';
 SELECT feature_outbox.drop_expire_output('secret');
 -- Defined again: its settings change, in place.
 SELECT feature_outbox.define_expire_output('tiles', 12, minzoom => 2, "table" => 'public.expire_tiles');

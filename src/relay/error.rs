@@ -18,6 +18,12 @@ pub enum RelayError {
     /// An expire output's destination did not take its tiles (src/relay/expire.rs): that output
     /// waits with a backoff; the events and other outputs go on.
     Destination(String),
+    /// An expire output's destination is down or overloaded (a cache's 5xx, 408, 429, no answer):
+    /// the output waits with the relay's backoff, at least `retry_after`.
+    DestinationBusy { reason: String, retry_after: Option<Duration> },
+    /// An expire output's destination refused the chunk (a cache's other 4xx): its edits count a
+    /// failure, and are parked after feature_outbox.max_attempts.
+    DestinationRefused(String),
 }
 
 impl RelayError {
@@ -30,7 +36,10 @@ impl fmt::Display for RelayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RelayError::Sql(message) => f.write_str(message),
-            RelayError::SinkDown { reason, .. } | RelayError::Destination(reason) => f.write_str(reason),
+            RelayError::SinkDown { reason, .. }
+            | RelayError::Destination(reason)
+            | RelayError::DestinationBusy { reason, .. }
+            | RelayError::DestinationRefused(reason) => f.write_str(reason),
             RelayError::SchemaBehind { schema, library } => write!(
                 f,
                 "the schema is at version {schema} and the library at {library}; waiting for ALTER EXTENSION feature_outbox UPDATE"

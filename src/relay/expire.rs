@@ -25,6 +25,7 @@ use crate::plans::prepared;
 use crate::settings;
 use crate::signals;
 use crate::sinks::Sink;
+use crate::tiles::cache_purge::{self, CachePurger, Method};
 use crate::tiles::http_post::ListPoster;
 use crate::tiles::{Tile, list};
 
@@ -32,15 +33,13 @@ use crate::tiles::{Tile, list};
 /// chunk's fixed cost (a read, a PubAck, a delete: about 2 ms) thin. 1,000 over 200 took the
 /// relay with an output from 0.58 to 0.71 of its rate without one on points (make bench).
 const CHUNK: i64 = 1000;
-/// An output whose delivery failed waits at least this long, at most the cap, doubling.
-const WAIT_MIN: Duration = Duration::from_secs(1);
-const WAIT_MAX: Duration = Duration::from_secs(60);
 /// Room left in a NATS message for its headers.
 const HEADER_ROOM: usize = 1024;
 
-const OUTPUTS_SQL: &str = "SELECT o.name, o.minzoom, o.maxzoom, o.expire_table, o.subject, o.url, o.max_tiles_geometry
+const OUTPUTS_SQL: &str = "SELECT o.name, o.minzoom, o.maxzoom, o.expire_table, o.subject, o.url, o.max_tiles_geometry,
+       o.cache_url, o.cache_method
   FROM feature_outbox.expire_outputs o
- WHERE EXISTS (SELECT 1 FROM feature_outbox.tile_queue q WHERE q.output = o.name) ORDER BY o.name";
+ WHERE EXISTS (SELECT 1 FROM feature_outbox.tile_queue q WHERE q.output = o.name AND q.parked_at IS NULL) ORDER BY o.name";
 
 // This worker's share only ($2 workers, $3 this one), by feature as the events are shared (claim.rs):
 // no other worker reads these rows, so they need no lock, and the chunk can be read in one
@@ -49,7 +48,7 @@ const OUTPUTS_SQL: &str = "SELECT o.name, o.minzoom, o.maxzoom, o.expire_table, 
 const READ_SQL: &str = "SELECT q.outbox_id, q.event_type, q.old_shape, q.new_shape, q.previous_bbox, q.properties_changed,
        q.mode, q.buffer, q.full_area_limit, q.diff
   FROM feature_outbox.tile_queue q
- WHERE q.output = $1 AND ($2 <= 1 OR (hashint8(q.feature_id) & 2147483647) % $2 = $3)
+ WHERE q.output = $1 AND q.parked_at IS NULL AND ($2 <= 1 OR (hashint8(q.feature_id) & 2147483647) % $2 = $3)
  ORDER BY q.outbox_id LIMIT $4";
 
 const DONE_SQL: &str = "DELETE FROM feature_outbox.tile_queue WHERE output = $1 AND outbox_id = ANY($2)";
@@ -58,11 +57,19 @@ const PROGRESS_SQL: &str = "INSERT INTO feature_outbox.expire_progress AS p (out
    SET tiles_by_zoom = (SELECT array_agg(coalesce(a, 0) + coalesce(b, 0) ORDER BY i)
                           FROM unnest(p.tiles_by_zoom, $2::int8[]) WITH ORDINALITY u(a, b, i)),
        edits = p.edits + $3, lists_sent = p.lists_sent + $4, boundary_fallbacks = p.boundary_fallbacks + $5,
-       dropped_zooms = p.dropped_zooms + $6, box_fallbacks = p.box_fallbacks + $7, last_sent_at = now()";
+       dropped_zooms = p.dropped_zooms + $6, box_fallbacks = p.box_fallbacks + $7, purge_requests = p.purge_requests + $8,
+       last_sent_at = now()";
 
 const OWNER_SQL: &str = "SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)";
 
 const ERROR_SQL: &str = "UPDATE feature_outbox.expire_progress SET last_error = $2, last_error_at = now() WHERE output = $1";
+
+// A destination refused a chunk: each of its edits counts a failure, and is parked at
+// feature_outbox.max_attempts ($4; 0 never parks), as an outbox row is.
+const REFUSED_SQL: &str = "UPDATE feature_outbox.tile_queue
+   SET attempts = attempts + 1, last_error = $3,
+       parked_at = CASE WHEN $4 > 0 AND attempts + 1 >= $4 THEN now() END
+ WHERE output = $1 AND outbox_id = ANY($2)";
 
 /// One expire output as the relay reads it.
 #[derive(Clone, PartialEq)]
@@ -72,6 +79,8 @@ struct Output {
     table: Option<String>,
     subject: Option<String>,
     url: Option<String>,
+    /// The cache to purge: its URL template and method.
+    cache: Option<(String, Method)>,
 }
 
 /// A chunk read and handed to a thread for its tiles; a later run delivers it.
@@ -111,8 +120,9 @@ pub struct ExpireStep {
     in_flight: HashMap<String, InFlight>,
     waits: HashMap<String, (Instant, u32)>,
     last_run: Option<Instant>,
-    /// The HTTP client of the outputs' URLs, kept between deliveries.
+    /// The HTTP clients of the outputs' URLs and caches, kept between deliveries.
     poster: Option<ListPoster>,
+    purger: Option<CachePurger>,
 }
 
 /// Between the batches of a drain the step looks for new chunks at most this often: one more
@@ -158,18 +168,20 @@ impl ExpireStep {
             let ready = match ready.map(|f| f.work.join().map(|c| (f.ids, c))).transpose() {
                 Ok(r) => r,
                 Err(e) => {
-                    self.failed(me, &output, e);
+                    self.failed(me, &output, e, &[]);
                     continue;
                 }
             };
-            let poster = &mut self.poster;
+            // The edits a refusal counts against (past the chunk's tile cap they stay for later).
+            let chunk: Vec<i64> = ready.as_ref().map(|(ids, c)| ids[..c.taken.min(ids.len())].to_vec()).unwrap_or_default();
+            let (poster, purger) = (&mut self.poster, &mut self.purger);
             let result = in_transaction_or_abort(|| {
                 Spi::connect_mut(|client| {
                     let sink: Option<&mut dyn Sink> = match &mut sink {
                         Some(s) => Some(&mut **s),
                         None => None,
                     };
-                    step(client, &output, sink, poster, me, ready)
+                    step(client, &output, sink, poster, purger, me, ready)
                 })
             });
             match result {
@@ -180,27 +192,45 @@ impl ExpireStep {
                         self.in_flight.insert(output.name.clone(), next);
                     }
                 }
-                Err(e) => self.failed(me, &output, e),
+                Err(e) => self.failed(me, &output, e, &chunk),
             }
         }
         more
     }
 
-    /// An output's delivery failed: it waits, doubling, and its error is recorded and logged once.
-    /// Its edits stay queued (the transaction that would have deleted them was rolled back).
-    fn failed(&mut self, me: &WorkerSlot, output: &Output, e: RelayError) {
+    /// An output's delivery failed: it waits with the relay's backoff (retry_backoff_min doubling
+    /// up to retry_backoff_max, at least a cache's Retry-After), and its error is recorded and
+    /// logged once. Its edits stay queued (the transaction that would have deleted them was rolled
+    /// back); a refusal also counts against `chunk`'s edits, parking them at max_attempts.
+    fn failed(&mut self, me: &WorkerSlot, output: &Output, e: RelayError, chunk: &[i64]) {
         self.in_flight.remove(&output.name);
         let failures = self.waits.get(&output.name).map_or(0, |(_, f)| *f) + 1;
-        let wait = backoff::delay(failures, WAIT_MIN, WAIT_MAX, None, rand::random::<f64>());
+        let retry_after = match &e {
+            RelayError::DestinationBusy { retry_after, .. } => *retry_after,
+            _ => None,
+        };
+        let wait = backoff::delay(
+            failures,
+            settings::millis(&settings::RETRY_BACKOFF_MIN_MS),
+            settings::millis(&settings::RETRY_BACKOFF_MAX_MS),
+            retry_after,
+            rand::random::<f64>(),
+        );
         self.waits.insert(output.name.clone(), (Instant::now() + wait, failures));
         let text = e.to_string();
         if failures == 1 {
             log!("{}: expire output {}: {text}; its tiles wait, retried in {} ms", me.tag, output.name, wait.as_millis());
         }
+        let refused = matches!(e, RelayError::DestinationRefused(_)) && !chunk.is_empty();
         let _ = in_transaction_try(|| {
             Spi::connect_mut(|client| {
                 let plan = prepared(client, ERROR_SQL, &[pg_sys::TEXTOID, pg_sys::TEXTOID], true);
                 client.update(&*plan, None, &[output.name.as_str().into(), text.as_str().into()])?;
+                if refused {
+                    let plan = prepared(client, REFUSED_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID, pg_sys::TEXTOID, pg_sys::INT4OID], true);
+                    let args = [output.name.as_str().into(), chunk.to_vec().into(), text.as_str().into(), settings::MAX_ATTEMPTS.get().into()];
+                    client.update(&*plan, None, &args)?;
+                }
                 Ok(())
             })
         });
@@ -254,6 +284,10 @@ fn outputs(client: &mut SpiClient<'_>) -> Result<Vec<Output>, RelayError> {
             table: r.get::<String>(4)?,
             subject: r.get::<String>(5)?,
             url: r.get::<String>(6)?,
+            cache: match (r.get::<String>(8)?, r.get::<String>(9)?) {
+                (Some(url), Some(method)) => Some((url, Method::parse(&method).unwrap_or(Method::Xkey))),
+                _ => None,
+            },
         });
     }
     Ok(out)
@@ -268,6 +302,7 @@ fn step(
     output: &Output,
     sink: Option<&mut dyn Sink>,
     poster: &mut Option<ListPoster>,
+    purger: &mut Option<CachePurger>,
     me: &WorkerSlot,
     ready: Option<(Vec<i64>, Computed)>,
 ) -> Result<(Option<InFlight>, bool), RelayError> {
@@ -290,14 +325,23 @@ fn step(
     for note in &c.notes {
         log!("{}: {note}", me.tag);
     }
-    let lists = deliver(client, output, sink, poster, &c.tiles, &ids)?;
+    let (lists, purges) = deliver(client, output, sink, poster, purger, &c.tiles, &ids)?;
     let delivered_at = started.elapsed();
     super::fault_points::crash_if_tiles_requested();
     let f = &c.figures;
     let progress = prepared(
         client,
         PROGRESS_SQL,
-        &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
+        &[
+            pg_sys::TEXTOID,
+            pg_sys::INT8ARRAYOID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+        ],
         true,
     );
     client.update(
@@ -311,6 +355,7 @@ fn step(
             f.boundary_fallbacks.into(),
             f.dropped_zooms.into(),
             f.box_fallbacks.into(),
+            purges.into(),
         ],
     )?;
     debug1!(
@@ -358,17 +403,19 @@ fn read(client: &mut SpiClient<'_>, output: &Output, me: &WorkerSlot) -> Result<
     Ok(Some(InFlight { output: output.clone(), ids, work }))
 }
 
-/// Delivers one chunk's tiles to each destination of the output; returns the lists sent.
+/// Delivers one chunk's tiles to each destination of the output; returns the lists sent and the
+/// purge requests the cache acknowledged.
 fn deliver(
     client: &mut SpiClient<'_>,
     output: &Output,
     sink: Option<&mut dyn Sink>,
     poster: &mut Option<ListPoster>,
+    purger: &mut Option<CachePurger>,
     tiles: &[Tile],
     ids: &[i64],
-) -> Result<i64, RelayError> {
+) -> Result<(i64, i64), RelayError> {
     if tiles.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let source = super::source();
     // The same key when the same edits are delivered again: JetStream's duplicate window and an
@@ -403,6 +450,12 @@ fn deliver(
         sent.map_err(RelayError::Destination)?;
         lists += bodies.len() as i64;
     }
+    // The cache after the lists: these edits committed before this worker read them, so a tile
+    // fetched after its purge is rendered from the committed rows.
+    let mut purges = 0;
+    if let Some((template, method)) = &output.cache {
+        purges = purge_cache(purger, template, *method, tiles)?;
+    }
     // The expire table last, once the lists are out: a send that fails then rolls back no upsert
     // (the transaction is rolled back either way; the upsert would only have been work thrown away).
     if let Some(table) = &output.table {
@@ -427,7 +480,28 @@ fn deliver(
         let _as_owner = crate::roles::As::enter(owner, context, pg_sys::SECURITY_RESTRICTED_OPERATION);
         client.update(&*plan, None, &[col(|t| t.zoom as i32).into(), col(|t| t.x as i32).into(), col(|t| t.y as i32).into()])?;
     }
-    Ok(lists)
+    Ok((lists, purges))
+}
+
+/// Purges `tiles` from the output's cache, with feature_outbox.cache_secret_file's secret.
+fn purge_cache(purger: &mut Option<CachePurger>, template: &str, method: Method, tiles: &[Tile]) -> Result<i64, RelayError> {
+    let ca = settings::string(&settings::TLS_CA_FILE);
+    let p = CachePurger::for_settings(purger.take(), settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
+        .map_err(RelayError::Destination)?;
+    let secret_file = settings::string(&settings::CACHE_SECRET_FILE);
+    let secret = if secret_file.is_empty() {
+        None
+    } else {
+        let s = std::fs::read_to_string(&secret_file)
+            .map_err(|e| RelayError::Destination(format!("cannot read feature_outbox.cache_secret_file {secret_file}: {}", e.kind())))?;
+        Some(s.trim().to_string())
+    };
+    let sent = p.purge(template, method, tiles, secret.as_deref());
+    *purger = Some(p);
+    sent.map_err(|f| match f {
+        cache_purge::Failure::Retry { error, retry_after } => RelayError::DestinationBusy { reason: error, retry_after },
+        cache_purge::Failure::Refused(error) => RelayError::DestinationRefused(error),
+    })
 }
 
 /// The JetStream stream of an output's tile lists when none captures its subject yet:

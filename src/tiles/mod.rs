@@ -3,6 +3,7 @@
 //! `max_tiles_geometry`; osm2pgsql manual, "Expire"). Pure Rust: the relay reads the stored shapes
 //! and hands them here; nothing in this module touches Postgres.
 
+pub mod cache_purge;
 pub mod cover;
 pub mod diff;
 pub mod functions;
