@@ -102,7 +102,8 @@ class Varnish:
         self.proc = subprocess.Popen(["varnishd", "-F", "-n", str(self.dir / "work"), "-a", f"127.0.0.1:{self.port}",
                                       "-f", str(self.dir / "tiles.vcl"), "-s", "malloc,256m", "-j", "none",
                                       "-p", "vsl_space=1M"],
-                                     stdout=open(self.dir / "varnish.log", "a"), stderr=subprocess.STDOUT)
+                                     stdout=open(self.dir / "varnish.log", "a"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         wait_for(lambda: listening(self.port), 30, "varnishd to listen")
 
     def stop(self) -> None:
@@ -114,6 +115,14 @@ class Varnish:
                 self.proc.kill()
                 self.proc.wait(5)
             self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP to varnishd and its child: connections are accepted by the kernel and never
+        answered, and the cache keeps its tiles (a restart would empty it)."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
     def url(self, source: str) -> str:
         return f"http://127.0.0.1:{self.port}/{source}/{{z}}/{{x}}/{{y}}"

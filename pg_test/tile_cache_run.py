@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import psycopg
+
 from conftest import RUN_DIR, Cluster, county_data, free_port
 from relay_harness import wait_for
 from tile_cache_harness import SECRET, Martin, Varnish, decoded, fetch
@@ -178,19 +180,32 @@ def apply(stack: Stack, planned: list[tuple], rate: float | None = None, during=
     """Makes the planned edits through edit_feature, each in its own transaction, at `rate` per
     second (None: as fast as they go); `during()` runs halfway. Returns the count by kind."""
     kinds = {}
-    with stack.c.connect(DB) as conn:
-        conn.autocommit = True
-        start_at = time.monotonic()
-        for i, (kind, fid, g, name) in enumerate(planned):
-            if during and i == len(planned) // 2:
-                during()
-            if rate:
-                time.sleep(max(0.0, start_at + i / rate - time.monotonic()))
-            geom = json.dumps(g) if g else None
-            props = json.dumps({"name": name}) if name else None
-            conn.execute(f"SELECT feature_outbox.edit_feature('{SOURCE}', %s::bigint, ST_GeomFromGeoJSON(%s), %s, %s::jsonb)",
-                         (fid, geom, kind, props))
-            kinds[kind] = kinds.get(kind, 0) + 1
+    conn = None
+    start_at = time.monotonic()
+    for i, (kind, fid, g, name) in enumerate(planned):
+        if during and i == len(planned) // 2:
+            during()
+        if rate:
+            time.sleep(max(0.0, start_at + i / rate - time.monotonic()))
+        geom = json.dumps(g) if g else None
+        props = json.dumps({"name": name}) if name else None
+        for attempt in range(50):
+            try:
+                if conn is None:
+                    conn = psycopg.connect(stack.c.dsn(DB), autocommit=True, connect_timeout=2)
+                conn.execute(f"SELECT feature_outbox.edit_feature('{SOURCE}', %s::bigint, ST_GeomFromGeoJSON(%s), %s, %s::jsonb)",
+                             (fid, geom, kind, props))
+                break
+            except psycopg.errors.UniqueViolation:
+                break   # a create whose commit was cut off had committed
+            except psycopg.OperationalError:
+                # A server reset (a relay worker killed with kill -9 resets every backend): the edit
+                # is made again; whether the cut-off one committed does not matter to the tiles.
+                conn = None
+                time.sleep(0.2)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if conn is not None:
+        conn.close()
     return kinds
 
 
@@ -229,8 +244,16 @@ def run(stack: Stack, edits: int, sample: int, seed: int = 7, rate: float | None
     get_all(stack.cached, warm)
     before = set(warm)
     kinds = apply(stack, planned, rate, during)
+
+    def settled():
+        # A connection per look: a fault drill's kill -9 of a relay worker resets every backend.
+        try:
+            with stack.c.connect(DB) as conn:
+                return drained(conn)
+        except psycopg.OperationalError:
+            return False
+    wait_for(settled, timeout, "the events and the tile queue to drain")
     with stack.c.connect(DB) as conn:
-        wait_for(lambda: drained(conn), timeout, "the events and the tile queue to drain")
         expired = set(conn.execute("SELECT zoom, x, y FROM public.cache_tiles").fetchall())
         purges, parked = conn.execute(f"""SELECT purge_requests, parked_edits FROM feature_outbox.expire_backlog
                                            WHERE output = '{OUTPUT}'""").fetchone()
