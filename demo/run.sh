@@ -6,7 +6,10 @@
 # them back with deduplication and per-feature ordering. Ends with a report, and fails unless the
 # consumer received exactly one event per edit and the outbox backlog is empty. Then an area
 # subscriber for Kansas (by subject filter alone) starts empty, backfills its area, and follows a
-# county moving out, one moving inside and one retiring, next to the whole-country consumer.
+# county moving out, one moving inside and one retiring, next to the whole-country consumer. Last,
+# Martin serves the counties behind Varnish, an expire output purges the tiles of a few Kansas edits,
+# and every warmed tile through Varnish is compared with Martin's fresh render (demo/tiles_demo.py,
+# which also draws the purged tiles).
 #
 # Environment:
 #   DEMO_LIMIT=N          at most N counties (CI: 300); edit counts scale with it
@@ -44,6 +47,9 @@ else
 fi
 cargo build --release --locked --quiet --manifest-path examples/consumer/Cargo.toml --target-dir "${CARGO_TARGET_DIR:-$ROOT/target}/consumer"
 echo "consumer: $CONSUMER"
+# Step 9's tile server and cache: Martin from crates.io (about 7 minutes, once per machine) and
+# Debian's Varnish with varnish-modules.
+bash scripts/tools.sh martin varnish
 T0=$(now)   # the clock for "well under 5 minutes after the build"
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,3 +293,7 @@ if problems:
     sys.exit(1)
 print(f"\nOK: {got['unique_events']} unique events received for {load['edits']} edits; backlog 0")
 EOF
+
+# ---------------------------------------------------------------------------------------------------
+step "9. Tiles that never go stale: Martin behind Varnish, purged by an expire output"
+"$PY" demo/tiles_demo.py "host=127.0.0.1 port=$PG_PORT user=postgres dbname=demo" "$RUN" || fail "the tiles step failed"

@@ -31,6 +31,13 @@ def county_data() -> Path:
     return Path(out.stdout.strip())
 
 
+def tools(*names: str) -> None:
+    """The servers scripts/tools.sh installs once per machine (tansu, martin, varnish): installed now
+    when missing, or waited for while a build started earlier (CI starts them in the background)
+    is still running."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "tools.sh"), *names], check=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

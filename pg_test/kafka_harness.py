@@ -9,17 +9,33 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from conftest import free_port
+from conftest import free_port, tools
 from relay_harness import wait_for
 
 # Where scripts/setup.sh builds it: the per-machine tool cache (FEATURE_OUTBOX_TOOLS).
 TOOLS = Path(os.environ.get("FEATURE_OUTBOX_TOOLS", str(Path.home() / ".cache/feature_outbox")))
 TANSU = os.environ.get("FEATURE_OUTBOX_TANSU", str(TOOLS / "tansu-0.6.0" / "bin" / "tansu"))
+
+
+LOG_LIMIT = 20 * 1024 * 1024
+
+
+def keep_log(pipe, path: Path) -> None:
+    """Copies the broker's output to `path`, up to LOG_LIMIT bytes, and drops the rest: tansu can
+    log an error per request in a loop (a client that keeps retrying), tens of GB in minutes."""
+    kept = 0
+    with open(path, "ab") as out:
+        for line in iter(pipe.readline, b""):
+            if kept < LOG_LIMIT:
+                out.write(line)
+                out.flush()
+                kept += len(line)
 
 
 class Tansu:
@@ -28,6 +44,7 @@ class Tansu:
     the broker hands out in metadata, for a broker behind a proxy (TlsProxy)."""
 
     def __init__(self, directory: Path, authentication: bool = False, advertise: str | None = None):
+        tools("tansu")
         self.dir = directory
         self.port = free_port()
         self.proc = None
@@ -55,8 +72,9 @@ class Tansu:
         self.proc = subprocess.Popen([TANSU, "broker", "--listener-url", listener, "--advertised-listener-url", advertised,
                                       "--storage-engine", "sqlite://tansu.db",
                                       *(["--authentication"] if self.authentication else [])], cwd=self.dir,
-                                     stdout=open(log, "a"), stderr=subprocess.STDOUT)
-        wait_for(lambda: log.read_text().count("ready in") > before, 20, "tansu to start")
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        threading.Thread(target=keep_log, args=(self.proc.stdout, log), daemon=True).start()
+        wait_for(lambda: log.exists() and log.read_text().count("ready in") > before, 20, "tansu to start")
 
     def stop(self) -> None:
         if self.proc:

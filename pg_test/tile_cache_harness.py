@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mapbox_vector_tile
 
-from conftest import free_port
+from conftest import free_port, tools
 from docs_examples import DOCS, blocks
 from relay_harness import wait_for
 
@@ -49,7 +49,9 @@ class Martin:
     the properties named (Martin would publish every column, the layer's version among them: that
     column changes wherever a feature lies at each edit; see docs/src/tile-caches.md)."""
 
-    def __init__(self, directory: Path, dsn: str, table: str, properties: dict[str, str]):
+    def __init__(self, directory: Path, dsn: str, table: str, properties: dict[str, str], srid: int = 4326,
+                 id_column: str = "id"):
+        tools("martin")
         self.dir, self.dsn = directory, dsn
         self.port = free_port()
         self.proc = None
@@ -66,10 +68,10 @@ postgres:
     {table}:
       schema: public
       table: {table}
-      srid: 4326
+      srid: {srid}
       geometry_column: geom
       geometry_type: GEOMETRY
-      id_column: id
+      id_column: {id_column}
       properties:
 {props}""")
 
@@ -90,6 +92,7 @@ class Varnish:
     """varnishd -F with the documented VCL, a malloc store, its own working directory."""
 
     def __init__(self, directory: Path, backend_port: int):
+        tools("varnish")
         self.dir = directory
         self.port = free_port()
         self.backend_port = backend_port
@@ -132,6 +135,7 @@ class Hitch:
     """hitch terminating TLS in front of Varnish, with a private CA's certificate."""
 
     def __init__(self, directory: Path, cert: Path, key: Path, backend_port: int):
+        tools("varnish")
         self.dir = directory
         self.port = free_port()
         directory.mkdir(parents=True, exist_ok=True)

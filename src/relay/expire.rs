@@ -186,7 +186,11 @@ impl ExpireStep {
             });
             match result {
                 Ok((next, delivered)) => {
-                    self.waits.remove(&output.name);
+                    // Only a delivery ends a backoff: a step that only read the next chunk (the one
+                    // right after a failure) says nothing about the destination.
+                    if delivered {
+                        self.waits.remove(&output.name);
+                    }
                     more |= next.is_some() || delivered;
                     if let Some(next) = next {
                         self.in_flight.insert(output.name.clone(), next);
