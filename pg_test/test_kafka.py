@@ -264,3 +264,23 @@ def test_tls_through_a_proxy_with_a_private_ca_and_no_insecure_fallback(relay, b
         reconfigure(relay, **RESET)
         proxy.stop()
         behind.stop()
+
+
+def test_an_event_over_the_message_limit_parks_at_once_naming_size_and_limit(relay, broker):
+    """Kafka has no object store for a large geometry: an event over message.max.bytes parks at its
+    first try, its error naming its size and the limit; the relay goes on with the next events."""
+    with relay.connect(DB) as conn:
+        # About 80,000 vertices: a GeoJSON body of about 3 MB.
+        conn.execute("""SELECT feature_outbox.edit_feature('parcels', 4000::bigint,
+                               ST_Buffer(ST_SetSRID(ST_MakePoint(2.35, 48.85), 4326), 0.01, 20000), 'created')""")
+        small = edit(conn, 4001, 0, "created")["event_id"]
+        wait_for(lambda: conn.execute("""SELECT parked_at IS NOT NULL FROM feature_outbox.outbox
+                                          WHERE layer = 'parcels' AND feature_id = 4000""").fetchone()[0], 30, "the large event to park")
+        attempts, error = conn.execute("""SELECT row_failures, last_error FROM feature_outbox.outbox
+                                           WHERE layer = 'parcels' AND feature_id = 4000""").fetchone()
+        wait_published(relay, [small], "the small event after it")
+    assert "1000000" in error and "bytes" in error, error
+    size = int(error.split(" bytes")[0].split()[-1])
+    assert size > 1_000_000, error
+    with relay.connect(DB) as conn:
+        conn.execute("DELETE FROM feature_outbox.outbox WHERE layer = 'parcels' AND feature_id = 4000")
