@@ -12,7 +12,9 @@
 #      and the cores busy (the ceiling of a ratio that misses its target), section 9;
 #   6. bench/tiles_bench.py: tile expiry's cost on the edit path and the relay, and the cover rate,
 #      section 10;
-#   7. bench/tile_cache_bench.py: commit to purge acknowledged at 200 edits/s, Varnish in front of
+#   7. bench/kafka_bench.py: the Kafka sink beside a bare rdkafka producer on the same broker (tansu),
+#      and commit-to-acknowledgement latency at 1,000 county edits/s, section 11;
+#   8. bench/tile_cache_bench.py: commit to purge acknowledged at 200 edits/s, Varnish in front of
 #      Martin, on the database's clock and by a polling client, section 12.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +27,5 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 8. Many databases: 3 databases x 1 worker beside 1 database x 3 workers\n\n'; "$PY" bench/databases_bench.py; } | tee -a "$OUT"
 { printf '\n## 9. Where the relay is bounded: the CPU each drain costs, by process\n\n'; "$PY" bench/bounds_bench.py; } | tee -a "$OUT"
 { printf '\n## 10. Tile expiry: the edit path and the relay with an expire output, and the cover rate\n\n'; "$PY" bench/tiles_bench.py; } | tee -a "$OUT"
+{ printf '\n## 11. Kafka: the relay beside a bare producer on one broker, and commit-to-acknowledgement latency\n\n'; "$PY" bench/kafka_bench.py; } | tee -a "$OUT"
 { printf '\n## 12. Tile caches: commit to purge at 200 edits/s\n\n'; "$PY" bench/tile_cache_bench.py; } | tee -a "$OUT"
