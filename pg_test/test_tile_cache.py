@@ -121,3 +121,22 @@ def test_purges_over_tls_through_hitch_with_a_private_ca(stack):
             conn.execute(f"SELECT feature_outbox.define_expire_output('{OUTPUT}', 14, cache_url => %s, "
                          "\"table\" => 'public.cache_tiles')", (stack.varnish.url(SOURCE),))
         hitch.stop()
+
+
+def test_cache_method_purge_sends_one_purge_per_tile_url(stack):
+    """cache_method 'purge': Varnish's built-in purge of one URL per request, through the same VCL."""
+    with stack.c.connect(DB) as conn:
+        conn.execute(f"SELECT feature_outbox.define_expire_output('{OUTPUT}', 14, cache_url => %s, cache_method => 'purge', "
+                     "\"table\" => 'public.cache_tiles')", (stack.varnish.url(SOURCE),))
+    try:
+        r = run(stack, edits=8, sample=100, seed=41)
+        assert not r.stale and r.expired > 0, r
+        with stack.c.connect(DB) as conn:
+            tiles = conn.execute("SELECT count(*) FROM public.cache_tiles").fetchone()[0]
+        # One request per tile of each chunk: every distinct expired tile at least once (a tile two
+        # chunks expire is purged twice).
+        assert r.purge_requests >= tiles > 0, (r.purge_requests, tiles)
+    finally:
+        with stack.c.connect(DB) as conn:
+            conn.execute(f"SELECT feature_outbox.define_expire_output('{OUTPUT}', 14, cache_url => %s, "
+                         "\"table\" => 'public.cache_tiles')", (stack.varnish.url(SOURCE),))
