@@ -199,7 +199,9 @@ def password_file(name: str, password: str) -> str:
     return str(path)
 
 
-RESET = dict(endpoint=None, kafka_security_protocol=None, kafka_sasl_mechanism=None, kafka_sasl_username=None,
+# The cluster's endpoint is in postgresql.auto.conf (relay_cluster): a test that changes it puts the
+# module's broker back rather than RESET it.
+RESET = dict(kafka_security_protocol=None, kafka_sasl_mechanism=None, kafka_sasl_username=None,
              kafka_sasl_password_file=None, tls_ca_file=None)
 
 
@@ -228,7 +230,7 @@ def test_sasl_scram_with_the_password_read_from_a_file(relay, broker):
         got = {json.loads(m.value)["event_id"] for m in secure.messages("features.parcels")}
         assert set(ids) <= got
     finally:
-        reconfigure(relay, **RESET)
+        reconfigure(relay, endpoint=broker.url, **RESET)
         secure.stop()
 
 
@@ -261,7 +263,7 @@ def test_tls_through_a_proxy_with_a_private_ca_and_no_insecure_fallback(relay, b
             behind.port = plain
         assert set(ids) <= got
     finally:
-        reconfigure(relay, **RESET)
+        reconfigure(relay, endpoint=broker.url, **RESET)
         proxy.stop()
         behind.stop()
 
