@@ -313,20 +313,27 @@ BEGIN
         RAISE EXCEPTION 'url % is not an http:// or https:// URL', quote_literal(url) USING ERRCODE = '22023',
             HINT = 'A URL holds only the characters RFC 3986 allows: percent-encode spaces and the like.';
     END IF;
+    IF cache_url IS NULL AND cache_method IS DISTINCT FROM 'xkey' THEN
+        RAISE EXCEPTION 'cache_method % without a cache_url', coalesce(quote_literal(cache_method), 'NULL') USING ERRCODE = '22023',
+            HINT = 'cache_method says how the cache at cache_url is purged; give the cache_url too.';
+    END IF;
     IF cache_url IS NOT NULL THEN
         PERFORM _not_null(cache_method, 'cache_method');
         IF cache_method NOT IN ('xkey', 'purge') THEN
             RAISE EXCEPTION 'cache_method % is not xkey or purge', quote_literal(cache_method) USING ERRCODE = '22023',
                 HINT = 'xkey purges many tiles per request (Varnish''s xkey vmod, the VCL on the Tile caches page); purge sends one PURGE per tile URL.';
         END IF;
-        -- A URL template: an http(s) URL holding {z}, {x} and {y} once each, otherwise only what
-        -- RFC 3986 allows.
-        IF cache_url !~* '^https?://[^/\s]+/' OR replace(replace(replace(cache_url, '{z}', '0'), '{x}', '0'), '{y}', '0')
-                                                  !~ '^[A-Za-z0-9._~:/?#@!$&''()*+,;=%\[\]-]+$'
+        -- A URL template: an http(s) URL of at most 2,000 characters holding {z}, {x} and {y} once
+        -- each, all three in its path (a cache tags a tile by its path: the VCL's xkey), no
+        -- fragment, otherwise only what RFC 3986 allows.
+        IF cache_url !~* '^https?://[^/\s{}]+/' OR length(cache_url) > 2000 OR strpos(cache_url, '#') > 0
+           OR replace(replace(replace(cache_url, '{z}', '0'), '{x}', '0'), '{y}', '0')
+              !~ '^[A-Za-z0-9._~:/?@!$&''()*+,;=%\[\]-]+$'
            OR (SELECT count(*) FROM regexp_matches(cache_url, '\{[zxy]\}', 'g')) <> 3
-           OR strpos(cache_url, '{z}') = 0 OR strpos(cache_url, '{x}') = 0 OR strpos(cache_url, '{y}') = 0 THEN
-            RAISE EXCEPTION 'cache_url % is not a tile URL template', quote_literal(cache_url) USING ERRCODE = '22023',
-                HINT = 'An http:// or https:// URL with {z}, {x} and {y} once each in its path, e.g. ''http://127.0.0.1:6081/parcels/{z}/{x}/{y}''.';
+           OR (SELECT count(DISTINCT m[1]) FROM regexp_matches(substring(cache_url FROM '^https?://[^/]+(/[^?]*)'), '\{([zxy])\}', 'g') m) <> 3 THEN
+            RAISE EXCEPTION 'cache_url % is not a tile URL template', quote_literal(left(regexp_replace(cache_url, '[[:cntrl:]]', '?', 'g'), 200))
+                USING ERRCODE = '22023',
+                HINT = 'An http:// or https:// URL of at most 2,000 characters with {z}, {x} and {y} once each in its path and no fragment, e.g. ''http://127.0.0.1:6081/parcels/{z}/{x}/{y}''.';
         END IF;
     END IF;
     INSERT INTO expire_outputs AS o (name, minzoom, maxzoom, expire_table, subject, url, max_tiles_geometry, cache_url, cache_method)

@@ -499,7 +499,8 @@ unsafe extern "C-unwind" fn check_endpoint(newval: *mut *mut std::ffi::c_char, _
         check_string(newval, |v| {
             if stored_per_database(source) && has_credentials(v) {
                 return Err("Per database or role, feature_outbox.endpoint must not carry credentials: pg_db_role_setting is readable by every role. \
-                            Use feature_outbox.nats_credentials_file or nats_nkey_file, or set the endpoint in postgresql.conf."
+                            Use feature_outbox.nats_credentials_file or nats_nkey_file (NATS), kafka_sasl_password_file (Kafka), \
+                            or set the endpoint in postgresql.conf."
                     .into());
             }
             Ok(())

@@ -34,6 +34,12 @@ SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url =
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p {z}/{x}/{y}')$$);
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p/{z}/{x}/{y}', cache_method => 'ban')$$);
 SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p/{z}/{x}/{y}', cache_method => NULL)$$);
+-- {z}, {x} and {y} in the path: not the query, the host or a fragment (the cache keys tiles by path).
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p?z={z}&x={x}&y={y}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://{z}.example.org/{x}/{y}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/p/{z}/{x}/{y}#f')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, cache_url => 'http://127.0.0.1:6081/' || repeat('a', 2000) || '/{z}/{x}/{y}')$$);
+SELECT try($$SELECT feature_outbox.define_expire_output('tiles', 14, "table" => 'public.expire_tiles', cache_method => 'purge')$$);
 -- An existing table without osm2pgsql's key is not an expire table, nor one whose key or columns
 -- the relay's upsert cannot use.
 CREATE TABLE public.not_expire (zoom int, x int, y int, first timestamptz, last timestamptz);

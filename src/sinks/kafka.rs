@@ -112,7 +112,7 @@ pub fn security_settings(config: &SinkConfig) -> Result<Vec<(&'static str, Strin
             "feature_outbox.kafka_security_protocol is {protocol} but feature_outbox.kafka_sasl_password_file is not set"
         ))?;
         let password = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read feature_outbox.kafka_sasl_password_file {path}: {}", e.kind()))?;
+            .map_err(|e| format!("cannot read feature_outbox.kafka_sasl_password_file {path}: {e}"))?;
         let password = password.trim_end_matches(['\n', '\r']);
         if password.is_empty() {
             return Err(format!("feature_outbox.kafka_sasl_password_file {path} is empty"));
@@ -143,16 +143,22 @@ pub fn refuses_idempotence(code: RDKafkaErrorCode) -> bool {
 
 /// The broker list of a `kafka://host:port[,host:port...]` endpoint, as `bootstrap.servers`.
 pub fn bootstrap_servers(endpoint: &str) -> Result<String, String> {
+    // Errors quote the endpoint as SHOW does for other roles: never a password (last_error is
+    // readable by pg_monitor).
+    let shown = crate::settings::redact_urls(endpoint);
     let rest = endpoint
         .split_once("://")
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("kafka"))
         .map(|(_, rest)| rest.trim_end_matches('/'))
-        .ok_or_else(|| format!("feature_outbox.endpoint \"{endpoint}\" is not kafka://host:port[,host:port...]"))?;
+        .ok_or_else(|| format!("feature_outbox.endpoint \"{shown}\" is not kafka://host:port[,host:port...]"))?;
     let hosts: Vec<&str> = rest.split(',').map(str::trim).collect();
     if hosts.iter().any(|h| h.is_empty() || h.contains('@') || h.contains('/')) {
         return Err(format!(
-            "feature_outbox.endpoint \"{endpoint}\": each broker is host:port (credentials come from a file, never the URL)"
+            "feature_outbox.endpoint \"{shown}\": each broker is host:port (credentials come from feature_outbox.kafka_sasl_password_file, never the URL)"
         ));
+    }
+    if let Some(h) = hosts.iter().find(|h| h.rsplit_once(':').is_none_or(|(_, port)| port.parse::<u16>().is_err())) {
+        return Err(format!("feature_outbox.endpoint \"{shown}\": broker \"{h}\" has no port (host:port, Kafka's is usually 9092)"));
     }
     Ok(hosts.join(","))
 }
@@ -216,6 +222,9 @@ impl KafkaSink {
     /// signal blocked (signals.rs), and none of them calls into PostgreSQL.
     pub fn connect(config: &SinkConfig, client_name: &str) -> Result<KafkaSink, String> {
         let servers = bootstrap_servers(&config.endpoint)?;
+        if config.kafka_replication_factor == 0 {
+            return Err("feature_outbox.kafka_replication_factor is 0: a topic needs 1 or more replicas (-1 takes the broker's default)".into());
+        }
         let timeout_ms = config.publish_timeout.as_millis().max(1).to_string();
         let idempotent = !IDEMPOTENCE_REFUSED.load(Ordering::Relaxed);
         let mut c = ClientConfig::new();
@@ -442,7 +451,9 @@ mod tests {
         assert_eq!(bootstrap_servers("kafka://a:9092,b:9093/").unwrap(), "a:9092,b:9093");
         assert_eq!(bootstrap_servers("KAFKA://127.0.0.1:9092").unwrap(), "127.0.0.1:9092");
         assert!(bootstrap_servers("nats://a:4222").is_err());
-        assert!(bootstrap_servers("kafka://user:pw@a:9092").unwrap_err().contains("from a file"));
+        let refused = bootstrap_servers("kafka://user:pw@a:9092").unwrap_err();
+        assert!(refused.contains("kafka_sasl_password_file") && !refused.contains("pw@"), "{refused}");
+        assert!(bootstrap_servers("kafka://127.0.0.1").unwrap_err().contains("no port"));
         assert!(bootstrap_servers("kafka://a:9092,,b:1").is_err());
     }
 
