@@ -26,7 +26,7 @@ use crate::settings;
 use crate::signals;
 use crate::sinks::Sink;
 use crate::tiles::cache_purge::{self, CachePurger, Method};
-use crate::tiles::http_post::ListPoster;
+use crate::tiles::http_post::{KeptAgent, ListPoster};
 use crate::tiles::{Tile, list};
 
 /// Edits per output and chunk: enough to merge the tiles of neighbouring edits and spread a
@@ -447,7 +447,8 @@ fn deliver(
     if let Some(url) = &output.url {
         let bodies = list::bodies(tiles, settings::HTTP_MAX_BODY_KB.get().max(1) as usize * 1024);
         let ca = settings::string(&settings::TLS_CA_FILE);
-        let p = ListPoster::for_settings(poster.take(), settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
+        let p = KeptAgent::for_settings(poster.take().map(|p| p.0), settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
+            .map(ListPoster)
             .map_err(RelayError::Destination)?;
         let sent = p.post(url, &bodies, &key, &headers);
         *poster = Some(p);
@@ -490,7 +491,8 @@ fn deliver(
 /// Purges `tiles` from the output's cache, with feature_outbox.cache_secret_file's secret.
 fn purge_cache(purger: &mut Option<CachePurger>, template: &str, method: Method, tiles: &[Tile]) -> Result<i64, RelayError> {
     let ca = settings::string(&settings::TLS_CA_FILE);
-    let p = CachePurger::for_settings(purger.take(), settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
+    let p = KeptAgent::for_settings(purger.take().map(|p| p.0), settings::millis(&settings::PUBLISH_TIMEOUT_MS), (!ca.is_empty()).then_some(ca.as_str()))
+        .map(CachePurger)
         .map_err(RelayError::Destination)?;
     let secret_file = settings::string(&settings::CACHE_SECRET_FILE);
     let secret = if secret_file.is_empty() {

@@ -253,12 +253,7 @@ impl HttpSink {
             Err(e) => Outcome::SinkFailed { error: format!("POST {}: {e}", self.shown_url), retry_after: None },
             Ok(mut response) => {
                 let status = response.status().as_u16();
-                let retry_after = response
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
+                let retry_after = retry_after(response.headers());
                 let location = response.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
                 // Read the body so the connection can be reused; keep a little of it for last_error.
                 let text = response.body_mut().with_config().limit(64 * 1024).read_to_string().unwrap_or_default();
@@ -292,6 +287,12 @@ impl Sink for HttpSink {
 }
 
 /// `batch_` and the first 32 hex digits of SHA-256 over the batch's event ids, comma-separated.
+/// A response's `Retry-After` in seconds (RFC 9110, 10.2.3; an HTTP-date is not read): how long a
+/// receiver or cache that answered 429 or 503 asks the relay to wait, at least.
+pub fn retry_after(headers: &ureq::http::HeaderMap) -> Option<Duration> {
+    headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).map(Duration::from_secs)
+}
+
 /// TLS for the relay's HTTP requests: the system's roots, or feature_outbox.tls_ca_file's
 /// certificates (a private CA) instead.
 pub fn tls_config(ca_file: Option<&str>) -> Result<TlsConfig, String> {

@@ -13,9 +13,8 @@
 
 use std::time::Duration;
 
-use ureq::Agent;
-
 use super::Tile;
+use super::http_post::KeptAgent;
 
 /// How an output purges its cache (expire_outputs.cache_method).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,31 +93,10 @@ pub fn classify(status: u16, what: &str, retry_after: Option<Duration>, body: &s
     }
 }
 
-/// One kept-alive HTTP client for an output's cache purges, made again when its settings change.
-pub struct CachePurger {
-    agent: Agent,
-    settings: (Duration, Option<String>),
-}
+/// An output's cache purges, over the relay's kept-alive client (http_post.rs).
+pub struct CachePurger(pub KeptAgent);
 
 impl CachePurger {
-    /// The purger for `timeout` (feature_outbox.publish_timeout, per request) and `ca_file`
-    /// (feature_outbox.tls_ca_file), reusing `kept` when it was made for the same.
-    pub fn for_settings(kept: Option<CachePurger>, timeout: Duration, ca_file: Option<&str>) -> Result<CachePurger, String> {
-        let settings = (timeout, ca_file.map(str::to_string));
-        if let Some(p) = kept.filter(|p| p.settings == settings) {
-            return Ok(p);
-        }
-        let config = Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .max_redirects(0)
-            .http_status_as_error(false)
-            .allow_non_standard_methods(true)
-            .tls_config(crate::sinks::http::tls_config(ca_file)?)
-            .user_agent("feature_outbox relay")
-            .build();
-        Ok(CachePurger { agent: config.into(), settings })
-    }
-
     /// Purges `tiles` by `template` and `method`, with `Authorization: Bearer <secret>` when a
     /// secret is given (feature_outbox.cache_secret_file); returns the requests the cache
     /// acknowledged. Stops at the first request that fails.
@@ -157,13 +135,8 @@ impl CachePurger {
             None => request,
         };
         let request = request.body(()).map_err(|e| Failure::Refused(format!("{what}: {e}")))?;
-        let mut response = self.agent.run(request).map_err(|e| Failure::Retry { error: format!("{what}: {e}"), retry_after: None })?;
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let mut response = self.0.agent.run(request).map_err(|e| Failure::Retry { error: format!("{what}: {e}"), retry_after: None })?;
+        let retry_after = crate::sinks::http::retry_after(response.headers());
         // Read to the end, so the connection is kept for the next request.
         let body = response.body_mut().with_config().limit(64 * 1024).read_to_string().unwrap_or_default();
         classify(response.status().as_u16(), what, retry_after, &body)
