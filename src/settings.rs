@@ -307,7 +307,19 @@ pub fn init() {
             None,
         );
     }
-    per_database(c"feature_outbox.kafka_topic", c"One Kafka topic for every layer (keys then <layer>/<id>); empty: a topic per layer, <prefix>.<layer>.", &KAFKA_TOPIC);
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.kafka_topic",
+            c"One Kafka topic for every layer (keys then <layer>/<id>); empty: a topic per layer, <prefix>.<layer>.",
+            c"Superuser-settable, also per database. Kafka's topic names: 1 to 249 letters, digits, ., _ and -; not . or ..",
+            &KAFKA_TOPIC,
+            GucContext::Suset,
+            GucFlags::default(),
+            Some(check_kafka_topic),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_enum_guc(
         c"feature_outbox.kafka_security_protocol",
         c"How the relay reaches Kafka brokers: plaintext, ssl, sasl_plaintext or sasl_ssl (Kafka's security.protocol).",
@@ -474,6 +486,27 @@ unsafe extern "C-unwind" fn check_bucket(newval: *mut *mut std::ffi::c_char, _ex
     }
 }
 
+/// Refuses a topic name Kafka would refuse (22023), so that a typo shows when it is set, not as a
+/// sink that stays down.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_kafka_topic(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe {
+        check_string(newval, |v| {
+            (v.is_empty() || valid_kafka_topic(v))
+                .then_some(())
+                .ok_or_else(|| "A Kafka topic name is 1 to 249 letters, digits, ., _ and -, and not . or .. (Kafka's Topic.validate).".into())
+        })
+    }
+}
+
+/// Kafka's topic name rule (org.apache.kafka.common.internals.Topic.validate).
+pub fn valid_kafka_topic(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// True for a value about to be stored in, or read from, pg_db_role_setting (ALTER DATABASE/ROLE ...
 /// SET, checked with source PGC_S_TEST) or a function's SET clause, which every role can read.
 fn stored_per_database(source: pg_sys::GucSource::Type) -> bool {
@@ -577,6 +610,14 @@ pub fn millis(setting: &GucSetting<i32>) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kafka_topic_names_follow_kafkas_rule() {
+        assert!(super::valid_kafka_topic("features.parcels") && super::valid_kafka_topic("all-edits_v2"));
+        for bad in ["", ".", "..", "bad topic!", "a/b", &"x".repeat(250)] {
+            assert!(!super::valid_kafka_topic(bad), "{bad}");
+        }
+    }
+
     #[test]
     fn bucket_names_follow_the_nats_rule() {
         assert!(super::valid_bucket("FEATURES_GEOMETRY") && super::valid_bucket("geo-2"));
