@@ -237,6 +237,11 @@ pub fn init() {
     let per_database = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<Option<CString>>| {
         GucRegistry::define_string_guc(name, short, c"Superuser-settable, also per database.", setting, GucContext::Suset, GucFlags::default())
     };
+    // A file holding a secret (credentials, a password, a signing key): superuser-settable, also per
+    // database, its path shown to superusers only; the relay reads the file, SQL never shows it.
+    let secret_file = |name: &'static CStr, short: &'static CStr, long: &'static CStr, setting: &'static GucSetting<Option<CString>>| unsafe {
+        GucRegistry::define_string_guc_with_hooks(name, short, long, setting, GucContext::Suset, GucFlags::SUPERUSER_ONLY, None, None, None)
+    };
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"feature_outbox.endpoint",
@@ -263,28 +268,8 @@ pub fn init() {
             None,
             None,
         );
-        GucRegistry::define_string_guc_with_hooks(
-            c"feature_outbox.nats_credentials_file",
-            c"A NATS .creds file (user JWT and NKey seed), as NGS, Synadia Cloud and operator mode hand them out.",
-            c"Read by the relay workers; only the postgres OS user needs to read the file. SQL never shows its content.",
-            &NATS_CREDENTIALS_FILE,
-            GucContext::Suset,
-            GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
-            c"feature_outbox.nats_nkey_file",
-            c"A file holding a NATS user NKey seed (SU...), for servers that authenticate by nkey.",
-            c"Read by the relay workers; SQL never shows its content.",
-            &NATS_NKEY_FILE,
-            GucContext::Suset,
-            GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
+        secret_file(c"feature_outbox.nats_credentials_file", c"A NATS .creds file (user JWT and NKey seed), as NGS, Synadia Cloud and operator mode hand them out.", c"Read by the relay workers; only the postgres OS user needs to read the file. SQL never shows its content.", &NATS_CREDENTIALS_FILE);
+        secret_file(c"feature_outbox.nats_nkey_file", c"A file holding a NATS user NKey seed (SU...), for servers that authenticate by nkey.", c"Read by the relay workers; SQL never shows its content.", &NATS_NKEY_FILE);
     }
     GucRegistry::define_enum_guc(
         c"feature_outbox.subject_format",
@@ -337,30 +322,8 @@ pub fn init() {
         GucFlags::default(),
     );
     per_database(c"feature_outbox.kafka_sasl_username", c"SASL user name under sasl_plaintext or sasl_ssl.", &KAFKA_SASL_USERNAME);
-    unsafe {
-        GucRegistry::define_string_guc_with_hooks(
-            c"feature_outbox.cache_secret_file",
-            c"A file holding the secret an expire output's cache purges carry (Authorization: Bearer <secret>).",
-            c"Read by the relay workers at each purge; SQL never shows its content.",
-            &CACHE_SECRET_FILE,
-            GucContext::Suset,
-            GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
-            c"feature_outbox.kafka_sasl_password_file",
-            c"A file holding the SASL password (one line) under sasl_plaintext or sasl_ssl.",
-            c"Read by the relay workers when they connect; SQL never shows its content.",
-            &KAFKA_SASL_PASSWORD_FILE,
-            GucContext::Suset,
-            GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
-    }
+    secret_file(c"feature_outbox.cache_secret_file", c"A file holding the secret an expire output's cache purges carry (Authorization: Bearer <secret>).", c"Read by the relay workers at each purge; SQL never shows its content.", &CACHE_SECRET_FILE);
+    secret_file(c"feature_outbox.kafka_sasl_password_file", c"A file holding the SASL password (one line) under sasl_plaintext or sasl_ssl.", c"Read by the relay workers when they connect; SQL never shows its content.", &KAFKA_SASL_PASSWORD_FILE);
     per_database(c"feature_outbox.nats_stream", c"JetStream stream over <prefix>.>, created when missing.", &NATS_STREAM);
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
@@ -387,17 +350,7 @@ pub fn init() {
             None,
             Some(show_secret),
         );
-        GucRegistry::define_string_guc_with_hooks(
-            c"feature_outbox.http_secret_file",
-            c"A file holding the Standard Webhooks signing secret (whsec_<base64>); used instead of http_secret when set.",
-            c"Read by the relay workers when they connect to the sink; SQL never shows its content. Can be set per database.",
-            &HTTP_SECRET_FILE,
-            GucContext::Suset,
-            GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
+        secret_file(c"feature_outbox.http_secret_file", c"A file holding the Standard Webhooks signing secret (whsec_<base64>); used instead of http_secret when set.", c"Read by the relay workers when they connect to the sink; SQL never shows its content. Can be set per database.", &HTTP_SECRET_FILE);
     }
 }
 
