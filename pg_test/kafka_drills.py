@@ -82,48 +82,43 @@ def kafka_worker_kill(short: bool, nats_version: str = "debian") -> Row:
         return row
 
 
-def kafka_broker_kill(short: bool, nats_version: str = "debian") -> Row:
-    with kafka_and_cluster("kafka_broker", "feature_outbox.relay_workers = 2") as (broker, c):
+def broker_outage(name: str, drill: str, down, up, seconds: int) -> Row:
+    """Editors write throughout; `down(broker)` takes the broker away for `seconds`, `up(broker)`
+    brings it back. The workers must back off meanwhile, count no failure against a row and park
+    nothing; afterwards every committed edit arrives, as checked by check_messages."""
+    with kafka_and_cluster(name, "feature_outbox.relay_workers = 2") as (broker, c):
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2)
-        broker.kill()
-        time.sleep(3 if short else 10)
-        states = [s for (s,) in workers(c, "state")]
-        broker.start()
-        recovered = time.time()
-        time.sleep(2)
-        ledger = editors.stop()
-        drain_s = drain(c, recovered)
-        deliveries, checks = check_messages(broker, ledger)
-        row = tally(f"15. Kafka: broker killed (kill -9), restarted after {3 if short else 10} s", ledger, deliveries, drain_s,
-                    note=f"workers while it was down: {', '.join(states)}; {parked(c)} parked")
-        row.checks = {**checks, "workers back off while it is down": "backing off" in states, "nothing parked": parked(c) == 0}
-        return row
-
-
-def kafka_unreachable(short: bool, nats_version: str = "debian") -> Row:
-    seconds = 8 if short else 30
-    with kafka_and_cluster("kafka_pause", "feature_outbox.relay_workers = 2") as (broker, c):
-        editors = Editors(c, n=3, rate=100).start()
-        time.sleep(2)
-        broker.pause()
+        down(broker)
         try:
             time.sleep(seconds)
             states = [s for (s,) in workers(c, "state")]
             with c.connect("drills") as conn:
                 failures = conn.execute("SELECT coalesce(max(row_failures), 0) FROM feature_outbox.outbox").fetchone()[0]
         finally:
-            broker.resume()
+            up(broker)
         recovered = time.time()
         time.sleep(2)
         ledger = editors.stop()
         drain_s = drain(c, recovered)
         deliveries, checks = check_messages(broker, ledger)
-        row = tally(f"16. Kafka: broker unreachable {seconds} s (SIGSTOP)", ledger, deliveries, drain_s,
+        row = tally(drill, ledger, deliveries, drain_s,
                     note=f"workers meanwhile: {', '.join(states)}; most row failures {failures}; {parked(c)} parked")
         row.checks = {**checks, "workers back off meanwhile": "backing off" in states,
                       "no failure counted against a row": failures == 0, "nothing parked": parked(c) == 0}
         return row
+
+
+def kafka_broker_kill(short: bool, nats_version: str = "debian") -> Row:
+    seconds = 3 if short else 10
+    return broker_outage("kafka_broker", f"15. Kafka: broker killed (kill -9), restarted after {seconds} s",
+                         Tansu.kill, Tansu.start, seconds)
+
+
+def kafka_unreachable(short: bool, nats_version: str = "debian") -> Row:
+    seconds = 8 if short else 30
+    return broker_outage("kafka_pause", f"16. Kafka: broker unreachable {seconds} s (SIGSTOP)", Tansu.pause, Tansu.resume,
+                         seconds)
 
 
 def kafka_order(short: bool, nats_version: str = "debian") -> Row:
