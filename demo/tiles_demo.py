@@ -27,7 +27,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
-from tile_cache_harness import SECRET, Martin, Varnish, decoded, fetch  # noqa: E402
+from tile_cache_harness import SECRET, Martin, Varnish, decoded, fetch, lon_lat_to_tile  # noqa: E402
 
 SOURCE = "live_counties"
 OUTPUT = "demo-cache"
@@ -35,13 +35,6 @@ OUTPUT = "demo-cache"
 # counties' own extent can span the country.
 KANSAS = (-102.06, 36.99, -94.58, 40.01)
 PICTURE_ZOOM = 10
-
-
-def tile_of(lon: float, lat: float, z: int) -> tuple[int, int]:
-    n = 2 ** z
-    x = int((lon + 180.0) / 360.0 * n)
-    y = int((1.0 - math.asinh(math.tan(math.radians(lat))) / math.pi) / 2.0 * n)
-    return min(max(x, 0), n - 1), min(max(y, 0), n - 1)
 
 
 def lon_lat(x: float, y: float) -> tuple[float, float]:
@@ -135,11 +128,11 @@ def main() -> int:
             else:
                 edits.append(("retired", fid, name, None, None))
         warm = [(z, x, y) for z in range(5, 11)
-                for x in range(tile_of(bbox[0], 0, z)[0], tile_of(bbox[2], 0, z)[0] + 1)
-                for y in range(tile_of(0, bbox[3], z)[1], tile_of(0, bbox[1], z)[1] + 1)]
+                for x in range(lon_lat_to_tile(bbox[0], 0, z)[0], lon_lat_to_tile(bbox[2], 0, z)[0] + 1)
+                for y in range(lon_lat_to_tile(0, bbox[3], z)[1], lon_lat_to_tile(0, bbox[1], z)[1] + 1)]
         for lon, lat in vertices:
             for z in (12, 14):
-                x, y = tile_of(lon, lat, z)
+                x, y = lon_lat_to_tile(lon, lat, z)
                 warm += [(z, x + dx, y + dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1)]
         warm = sorted(set(warm))
         before = get_all(cached, warm)

@@ -16,6 +16,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
 from conftest import free_port, tools
+from drills import port_open
 from relay_harness import wait_for
 
 # Where scripts/setup.sh builds it: the per-machine tool cache (FEATURE_OUTBOX_TOOLS).
@@ -196,15 +197,7 @@ stream {{
 """)
         self.proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(self.dir), "-e", str(self.dir / "error.log")],
                                      stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "a"))
-        import socket
-
-        def listening():
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return True
-            except OSError:
-                return False
-        wait_for(listening, 10, "nginx's TLS proxy to listen")
+        wait_for(lambda: port_open(self.port), 10, "nginx's TLS proxy to listen")
 
     def stop(self) -> None:
         if self.proc:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -21,6 +21,7 @@ from pathlib import Path
 import mapbox_vector_tile
 
 from conftest import free_port, tools
+from drills import port_open
 from docs_examples import DOCS, blocks
 from relay_harness import wait_for
 
@@ -29,12 +30,12 @@ MARTIN = os.environ.get("FEATURE_OUTBOX_MARTIN", str(TOOLS / "martin-1.14.0" / "
 SECRET = "change-me"  # the documented VCL's
 
 
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        return True
-    except OSError:
-        return False
+def lon_lat_to_tile(lon: float, lat: float, z: int) -> tuple[int, int]:
+    """The XYZ tile (x, y) at zoom `z` holding a point in degrees (slippy-map math, clamped to the grid)."""
+    n = 2 ** z
+    x = int((lon + 180.0) / 360.0 * n)
+    y = int((1.0 - math.asinh(math.tan(math.radians(lat))) / math.pi) / 2.0 * n)
+    return min(max(x, 0), n - 1), min(max(y, 0), n - 1)
 
 
 def documented_vcl(backend_port: int) -> str:
@@ -79,7 +80,7 @@ postgres:
         self.proc = subprocess.Popen([MARTIN, "--config", str(self.dir / "martin.yaml")],
                                      stdout=open(self.dir / "martin.log", "a"), stderr=subprocess.STDOUT,
                                      env={**os.environ, "RUST_LOG": "warn"})
-        wait_for(lambda: listening(self.port), 30, "martin to listen")
+        wait_for(lambda: port_open(self.port), 30, "martin to listen")
 
     def stop(self) -> None:
         if self.proc:
@@ -107,7 +108,7 @@ class Varnish:
                                       "-p", "vsl_space=1M"],
                                      stdout=open(self.dir / "varnish.log", "a"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        wait_for(lambda: listening(self.port), 30, "varnishd to listen")
+        wait_for(lambda: port_open(self.port), 30, "varnishd to listen")
 
     def stop(self) -> None:
         if self.proc:
@@ -149,7 +150,7 @@ class Hitch:
     def start(self) -> None:
         self.proc = subprocess.Popen(["hitch", "--config", str(self.dir / "hitch.conf")],
                                      stdout=open(self.dir / "hitch.log", "a"), stderr=subprocess.STDOUT)
-        wait_for(lambda: listening(self.port), 20, "hitch to listen")
+        wait_for(lambda: port_open(self.port), 20, "hitch to listen")
 
     def stop(self) -> None:
         if self.proc:

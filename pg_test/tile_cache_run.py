@@ -8,7 +8,6 @@ did not expire must still be served from the cache."""
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ import psycopg
 
 from conftest import RUN_DIR, Cluster, county_data, free_port
 from relay_harness import wait_for
-from tile_cache_harness import SECRET, Martin, Varnish, decoded, fetch
+from tile_cache_harness import SECRET, Martin, Varnish, decoded, fetch, lon_lat_to_tile
 
 DB = "tilecache"
 SOURCE = "cache_counties"   # the table, and so Martin's source id
@@ -30,13 +29,6 @@ TABLE = f"""CREATE TABLE public.{SOURCE} (id bigint PRIMARY KEY, geom geometry(G
 SETTINGS = (f"feature_outbox.database = '{DB}'", "feature_outbox.retry_backoff_min = '100ms'",
             "feature_outbox.retry_backoff_max = '1s'", "feature_outbox.publish_timeout = '2s'",
             "feature_outbox.poll_interval = '200ms'")
-
-
-def lon_lat_to_tile(lon: float, lat: float, z: int) -> tuple[int, int]:
-    n = 2 ** z
-    x = int((lon + 180.0) / 360.0 * n)
-    y = int((1.0 - math.asinh(math.tan(math.radians(lat))) / math.pi) / 2.0 * n)
-    return min(max(x, 0), n - 1), min(max(y, 0), n - 1)
 
 
 def tiles_over(bbox, z: int) -> list[tuple[int, int, int]]:
