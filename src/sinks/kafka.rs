@@ -351,10 +351,9 @@ impl Sink for KafkaSink {
                 continue;
             }
             if body.len() > MAX_MESSAGE_BYTES {
-                pending.push(Err(Outcome::Undeliverable(format!(
-                    "the event is {} bytes, over the producer's message.max.bytes ({MAX_MESSAGE_BYTES}); Kafka has no object store for its geometry",
-                    body.len()
-                ))));
+                // What the broker's refusal would say, without the round trip.
+                let too_large = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+                pending.push(Err(outcome_of(&too_large, body.len(), MAX_MESSAGE_BYTES)));
                 continue;
             }
             let key = key_of(fixed, row);
