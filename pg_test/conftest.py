@@ -31,11 +31,13 @@ def county_data() -> Path:
     return Path(out.stdout.strip())
 
 
-def tools(*names: str) -> None:
-    """The servers scripts/tools.sh installs once per machine (tansu, martin, varnish): installed now
-    when missing, or waited for while a build started earlier (CI starts them in the background)
-    is still running."""
-    subprocess.run(["bash", str(ROOT / "scripts" / "tools.sh"), *names], check=True)
+def tools(*names: str) -> dict[str, str]:
+    """The servers scripts/tools.sh installs once per machine (tansu, martin, varnish), by name to the
+    binary's path: built now when missing or when the tool cache's stamp is not today's recipe, or
+    waited for while a build started earlier (CI starts them in the background) still runs."""
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "tools.sh"), *names], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
-"""A Kafka-compatible broker for the tests: tansu (cargo install tansu@0.6.0 --features libsql, put in
-the per-machine tool cache by scripts/setup.sh), with SQLite storage so that a stopped broker keeps
+"""A Kafka-compatible broker for the tests: tansu (cargo install tansu@0.6.0 --features libsql, built into
+the per-machine tool cache by scripts/tools.sh), with SQLite storage so that a stopped broker keeps
 its topics, and a reader that shares no code with the relay's producer (kafka-python, whose
 partitioner is the Java client's murmur2)."""
 
@@ -19,9 +19,6 @@ from conftest import free_port, tools
 from drills import port_open
 from relay_harness import wait_for
 
-# Where scripts/setup.sh builds it: the per-machine tool cache (FEATURE_OUTBOX_TOOLS).
-TOOLS = Path(os.environ.get("FEATURE_OUTBOX_TOOLS", str(Path.home() / ".cache/feature_outbox")))
-TANSU = os.environ.get("FEATURE_OUTBOX_TANSU", str(TOOLS / "tansu-0.6.0" / "bin" / "tansu"))
 
 
 LOG_LIMIT = 20 * 1024 * 1024
@@ -45,7 +42,7 @@ class Tansu:
     the broker hands out in metadata, for a broker behind a proxy (TlsProxy)."""
 
     def __init__(self, directory: Path, authentication: bool = False, advertise: str | None = None):
-        tools("tansu")
+        self.binary = tools("tansu")["tansu"]
         self.dir = directory
         self.port = free_port()
         self.proc = None
@@ -70,7 +67,7 @@ class Tansu:
         log = self.dir / "tansu.log"
         before = log.read_text().count("ready in") if log.exists() else 0
         # The storage URL is relative to the broker's working directory.
-        self.proc = subprocess.Popen([TANSU, "broker", "--listener-url", listener, "--advertised-listener-url", advertised,
+        self.proc = subprocess.Popen([self.binary, "broker", "--listener-url", listener, "--advertised-listener-url", advertised,
                                       "--storage-engine", "sqlite://tansu.db",
                                       *(["--authentication"] if self.authentication else [])], cwd=self.dir,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -107,7 +104,7 @@ class Tansu:
             self.authentication = False
             self.start()
         try:
-            subprocess.run([TANSU, "user", "create", "--broker", f"tcp://{self.address}", "--mechanism", "scram512", name, password],
+            subprocess.run([self.binary, "user", "create", "--broker", f"tcp://{self.address}", "--mechanism", "scram512", name, password],
                            check=True, capture_output=True, timeout=30)
         finally:
             if required:

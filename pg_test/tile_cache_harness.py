@@ -1,5 +1,5 @@
 """A tile server behind an HTTP cache, for the cache destination's tests (issue 40): Martin 1.14.0
-(built by scripts/setup.sh into the per-machine tool cache, its own tile cache off), Debian's
+(built by scripts/tools.sh into the per-machine tool cache, its own tile cache off), Debian's
 Varnish with the VCL of docs/src/tile-caches.md (only its backend port changed), and Debian's hitch
 for TLS in front of Varnish. Tiles are compared decoded (mapbox-vector-tile): Martin's query has no
 ORDER BY, so a layer's features are compared as a multiset."""
@@ -25,8 +25,6 @@ from drills import port_open
 from docs_examples import DOCS, blocks
 from relay_harness import wait_for
 
-TOOLS = Path(os.environ.get("FEATURE_OUTBOX_TOOLS", str(Path.home() / ".cache/feature_outbox")))
-MARTIN = os.environ.get("FEATURE_OUTBOX_MARTIN", str(TOOLS / "martin-1.14.0" / "bin" / "martin"))
 SECRET = "change-me"  # the documented VCL's
 
 
@@ -52,7 +50,7 @@ class Martin:
 
     def __init__(self, directory: Path, dsn: str, table: str, properties: dict[str, str], srid: int = 4326,
                  id_column: str = "id"):
-        tools("martin")
+        self.binary = tools("martin")["martin"]
         self.dir, self.dsn = directory, dsn
         self.port = free_port()
         self.proc = None
@@ -77,7 +75,7 @@ postgres:
 {props}""")
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([MARTIN, "--config", str(self.dir / "martin.yaml")],
+        self.proc = subprocess.Popen([self.binary, "--config", str(self.dir / "martin.yaml")],
                                      stdout=open(self.dir / "martin.log", "a"), stderr=subprocess.STDOUT,
                                      env={**os.environ, "RUST_LOG": "warn"})
         wait_for(lambda: port_open(self.port), 30, "martin to listen")

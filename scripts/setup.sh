@@ -28,7 +28,7 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  $SUDO apt-get update -qq
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
   # postgresql-server-dev-N depends on the same postgresql-N version: installing the newest would
   # upgrade a server that may be running. Pin it to the installed server when the archive has it.
   if dpkg-query -W -f='${Status}' "postgresql-$PG" 2>/dev/null | grep -q "install ok installed"; then
@@ -54,7 +54,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO chmod +x /usr/sbin/policy-rc.d
     policy=/usr/sbin/policy-rc.d
   fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
   [ -z "$policy" ] || $SUDO rm -f "$policy"
 fi
 

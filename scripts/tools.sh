@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The servers some tests, the demo and the bench run against, installed once per machine:
+#   tansu   0.6.0   Kafka-compatible broker, cargo install from crates.io, --features libsql
+#   martin  1.14.0  tile server, cargo install from crates.io, PostgreSQL sources only
+#   varnish         Debian's varnish, varnish-modules (xkey) and hitch (TLS in front of Varnish)
+#
+# Usage: scripts/tools.sh [NAME ...]          install what is missing or stale (default: all), then
+#                                             print NAME=PATH of each binary on stdout
+#        scripts/tools.sh status [NAME ...]   print NAME fresh|missing|stale: REASON; installs nothing
+#
+# The cargo-built tools live in the tool cache, $FEATURE_OUTBOX_TOOLS (default
+# ~/.cache/feature_outbox), one folder per tool and version. A binary there is used only when the
+# STAMP beside it, written by this script after a build, names the same tool, version, features and
+# recipe hash as today's recipe, and the binary's sha256 is the one the stamp recorded. Anything
+# else (a binary copied in by hand, an older recipe, another version) is rebuilt, the way a CI cache
+# keyed by a lock file is. Builds hold a lock per tool, so a test that needs a tool waits for a
+# build started earlier (CI starts them in the background). Cargo's build directory for each tool
+# is kept in $FEATURE_OUTBOX_TOOLS_BUILD (default: the cache's .build): cargo's own fingerprints
+# decide what in it is reused, so a rebuild after a stale stamp takes seconds, not minutes.
+set -euo pipefail
+
+TOOLS=${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}
+BUILD=${FEATURE_OUTBOX_TOOLS_BUILD:-$TOOLS/.build}
+ALL=(tansu martin varnish)
+VARNISH_PKGS=(varnish varnish-modules hitch)
+
+say() { printf 'tools: %s\n' "$*" >&2; }
+die() { printf 'tools: ERROR: %s\n' "$*" >&2; exit 1; }
+
+# A cargo tool's recipe, as "crate version features": everything that decides what gets built.
+recipe() {
+  case "$1" in
+    tansu) echo "tansu 0.6.0 libsql" ;;
+    martin) echo "martin 1.14.0 postgres" ;;
+    *) return 1 ;;
+  esac
+}
+
+# The hash a stamp must carry: the recipe, the toolchain and the install command line below, so a
+# change to any of them rebuilds on every machine.
+recipe_hash() {
+  local crate version features
+  read -r crate version features < <(recipe "$1")
+  { echo "$crate $version $features"; rustc --version; cargo_args "$1"; } | sha256sum | cut -c1-64
+}
+
+cargo_args() {
+  local crate version features
+  read -r crate version features < <(recipe "$1")
+  echo install "$crate" --version "$version" --locked --no-default-features --features "$features"
+}
+
+dir_of() { local c v f; read -r c v f < <(recipe "$1"); echo "$TOOLS/$c-$v"; }
+bin_of() { echo "$(dir_of "$1")/bin/$1"; }
+
+# fresh, missing or "stale: why" for a cargo tool, from its stamp and binary alone.
+cargo_status() {
+  local name=$1 dir bin stamp want have
+  dir=$(dir_of "$name"); bin=$(bin_of "$name"); stamp=$dir/STAMP
+  if [ ! -e "$bin" ] && [ ! -e "$stamp" ]; then echo missing; return; fi
+  [ -f "$stamp" ] || { echo "stale: $bin has no stamp (not built by scripts/tools.sh)"; return; }
+  [ -x "$bin" ] || { echo "stale: the stamp's binary $bin is missing"; return; }
+  local crate version features
+  read -r crate version features < <(recipe "$name")
+  for kv in "tool=$name" "version=$version" "features=$features" "recipe=$(recipe_hash "$name")"; do
+    grep -qxF "$kv" "$stamp" || {
+      have=$(grep -m1 "^${kv%%=*}=" "$stamp" || echo "${kv%%=*}=(none)")
+      echo "stale: stamp has $have, today's recipe ${kv}"; return; }
+  done
+  want=$(sed -n 's/^sha256=//p' "$stamp")
+  have=$(sha256sum "$bin" | cut -c1-64)
+  [ "$want" = "$have" ] || { echo "stale: $bin is not the binary the stamp recorded (sha256 $have, stamp $want)"; return; }
+  echo fresh
+}
+
+apt_status() {
+  local p missing=()
+  for p in "${VARNISH_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then echo fresh; else echo "missing: ${missing[*]}"; fi
+}
+
+status() { case "$1" in varnish) apt_status ;; *) cargo_status "$1" ;; esac; }
+
+# Runs "$@" with its output in $log; on failure, names the tool and step and shows the log's end.
+run_logged() {
+  local tool=$1 step=$2 log=$3; shift 3
+  if ! "$@" >>"$log" 2>&1; then
+    printf 'tools: ERROR: %s: %s failed; the last lines of %s:\n' "$tool" "$step" "$log" >&2
+    tail -n 40 "$log" | sed 's/^/  | /' >&2
+    exit 1
+  fi
+}
+
+build_cargo() {
+  local name=$1 dir bin log crate version features t=$SECONDS why
+  read -r crate version features < <(recipe "$name")
+  dir=$(dir_of "$name"); bin=$(bin_of "$name")
+  why=$(cargo_status "$name")
+  [ "$why" = fresh ] && return 0
+  log=$TOOLS/logs/$name-$version.log
+  mkdir -p "$TOOLS/logs" "$BUILD"
+  : >"$log"
+  say "$name $version ($features): $why; building from crates.io (log: $log)"
+  # Into a new folder, stamped last, then moved into place: an interrupted build leaves no binary
+  # that looks finished.
+  rm -rf "$dir.new"
+  run_logged "$name $version" "cargo $(cargo_args "$name")" "$log" \
+    env CARGO_TARGET_DIR="$BUILD/$crate-$version" cargo $(cargo_args "$name") --root "$dir.new"
+  [ -x "$dir.new/bin/$name" ] || die "$name $version: cargo install left no bin/$name in $dir.new (log: $log)"
+  run_logged "$name $version" "$name --version" "$log" "$dir.new/bin/$name" --version
+  {
+    echo "tool=$name"
+    echo "version=$version"
+    echo "features=$features"
+    echo "recipe=$(recipe_hash "$name")"
+    echo "sha256=$(sha256sum "$dir.new/bin/$name" | cut -c1-64)"
+    echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) by scripts/tools.sh: cargo $(cargo_args "$name")"
+  } >"$dir.new/STAMP"
+  rm -rf "$dir"
+  mv "$dir.new" "$dir"
+  [ "$(cargo_status "$name")" = fresh ] || die "$name $version: the new build does not check out: $(cargo_status "$name")"
+  say "$name $version built in $((SECONDS - t)) s"
+}
+
+install_varnish() {
+  local t=$SECONDS why log=$TOOLS/logs/varnish-apt.log sudo=""
+  why=$(apt_status)
+  [ "$why" = fresh ] && return 0
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  mkdir -p "$TOOLS/logs"; : >"$log"
+  say "varnish: ${why}; installing Debian's ${VARNISH_PKGS[*]}"
+  # The packages' services would start on port 6081 and 443; the tests start their own.
+  local policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo chmod +x /usr/sbin/policy-rc.d
+    policy=/usr/sbin/policy-rc.d
+  fi
+  # apt's own lock: setup.sh may be installing at the same moment.
+  run_logged varnish "apt-get update" "$log" $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  run_logged varnish "apt-get install ${VARNISH_PKGS[*]}" "$log" env DEBIAN_FRONTEND=noninteractive \
+    $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${VARNISH_PKGS[@]}"
+  [ -z "$policy" ] || $sudo rm -f "$policy"
+  [ "$(apt_status)" = fresh ] || die "varnish: still $(apt_status) after apt-get install (log: $log)"
+  say "varnish: installed in $((SECONDS - t)) s"
+}
+
+# One tool, under its own lock (a build started elsewhere is waited for, then found fresh).
+ensure() {
+  local name=$1
+  mkdir -p "$TOOLS"
+  exec {fd}>"$TOOLS/.$name.lock"
+  if ! flock -n "$fd"; then
+    say "$name: another build holds $TOOLS/.$name.lock; waiting"
+    flock "$fd"
+  fi
+  case "$name" in varnish) install_varnish ;; *) build_cargo "$name" ;; esac
+  exec {fd}>&-
+}
+
+path_of() {
+  case "$1" in
+    varnish) command -v varnishd || echo /usr/sbin/varnishd ;;
+    *) bin_of "$1" ;;
+  esac
+}
+
+check_name() { case " ${ALL[*]} " in *" $1 "*) ;; *) die "unknown tool '$1' (known: ${ALL[*]})" ;; esac; }
+
+if [ "${1:-}" = status ]; then
+  shift
+  [ $# -gt 0 ] || set -- "${ALL[@]}"
+  for n in "$@"; do check_name "$n"; printf '%s %s\n' "$n" "$(status "$n")"; done
+  exit 0
+fi
+[ $# -gt 0 ] || set -- "${ALL[@]}"
+for n in "$@"; do check_name "$n"; done
+for n in "$@"; do ensure "$n"; done
+for n in "$@"; do printf '%s=%s\n' "$n" "$(path_of "$n")"; done
