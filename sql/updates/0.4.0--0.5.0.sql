@@ -1,0 +1,8 @@
+-- feature_outbox 0.4.0 -> 0.5.0: migration only. scripts/upgrade_script.py puts this first in the
+-- generated upgrade script, then every function, view and body file of 0.5.0 as CREATE OR REPLACE,
+-- then sql/finalize.sql. What belongs here: table and column changes, data fixes, drops of whatever
+-- a re-run body cannot replace (a changed signature or return type, a view's changed columns, and
+-- what depends on them), and column defaults put back after such a drop. Never a function body.
+
+-- Nothing yet: 0.5.0's changes so far (metrics() on a standby, its two new series, the function
+-- _relay_workers_configured()) are bodies and a new function, which the generated part carries.
