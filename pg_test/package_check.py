@@ -3,7 +3,8 @@
 part in a root freshly extracted from its tarball:
 
   quickstart  apt install the package; the README's quick start as written; its events in NATS,
-              checked field by field against the outbox; then dpkg -r removes every file (N any)
+              checked field by field against the outbox; a mistyped feature_outbox.* name refused
+              (the reserved prefix); then dpkg -r removes every file (N any)
   upgrade     the 0.2.0 package with events waiting while NATS is down, the current package
               installed over it, restart, ALTER EXTENSION UPDATE, NATS back: each waiting event
               arrives exactly once, and edits after the update too (N = 15, 17)
@@ -467,6 +468,18 @@ def part_quickstart(major: int):
             b = c.one("gis", "SELECT * FROM feature_outbox.backlog")
             R.check("backlog: 0 unpublished, 1 relay worker running, no error",
                     b["unpublished_rows"] == 0 and b["relay_workers_running"] == 1 and b["relay_last_error"] is None, str(b))
+        with R.step("quickstart: the reserved prefix (0.5.0): a mistyped feature_outbox.* name is refused"):
+            alter_system = "42704" if major == 15 else "42602"  # 15's ALTER SYSTEM takes no unknown name at all
+            for sql, want in (("SET feature_outbox.standby_slotz = 'typo'", "42602"),
+                              ("ALTER DATABASE gis SET feature_outbox.standby_slotz = 'typo'", "42602"),
+                              ("ALTER SYSTEM SET feature_outbox.standby_slotz = 'typo'", alter_system)):
+                with c.connect("gis") as conn:
+                    try:
+                        conn.execute(sql)
+                        got = None
+                    except psycopg.Error as e:
+                        got = e.sqlstate
+                R.check(f"{sql}: {want}", got == want, f"SQLSTATE {got}")
         with R.step(f"quickstart: dpkg -r {pkg}"):
             c.pg_ctl("stop")
             nats.stop()

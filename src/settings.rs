@@ -194,26 +194,31 @@ pub fn init() {
         GucFlags::default(),
     );
 
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        GucRegistry::define_int_guc(
-            c"feature_outbox.relay_workers",
-            c"Relay background workers per served database (0-32). Each counts against max_worker_processes.",
-            c"0 starts no relay.",
-            &RELAY_WORKERS,
-            0,
-            32,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-        GucRegistry::define_string_guc(
-            c"feature_outbox.database",
-            c"Databases whose outboxes the relay publishes: * (every one that has the extension), one name, or a comma-separated list.",
-            c"Templates and databases that allow no connections are never served.",
-            &DATABASE,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-    }
+    // The two settings read only by the postmaster are Postmaster-context when preloading, the only
+    // time PostgreSQL allows that. A backend that loads the library later (CREATE EXTENSION without
+    // preloading, or LOAD) defines them at reload level instead, where no worker reads them: they
+    // must still exist there, or the reserved prefix below would drop them from postgresql.conf as
+    // unknown names.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    let startup = || if preloading { GucContext::Postmaster } else { GucContext::Sighup };
+    GucRegistry::define_int_guc(
+        c"feature_outbox.relay_workers",
+        c"Relay background workers per served database (0-32). Each counts against max_worker_processes.",
+        c"0 starts no relay.",
+        &RELAY_WORKERS,
+        0,
+        32,
+        startup(),
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"feature_outbox.database",
+        c"Databases whose outboxes the relay publishes: * (every one that has the extension), one name, or a comma-separated list.",
+        c"Templates and databases that allow no connections are never served.",
+        &DATABASE,
+        startup(),
+        GucFlags::default(),
+    );
     let sighup = |name: &'static CStr, short: &'static CStr, setting: &'static GucSetting<i32>, min: i32, max: i32, flags: GucFlags| {
         GucRegistry::define_int_guc(name, short, c"", setting, min, max, GucContext::Sighup, flags)
     };
@@ -352,6 +357,22 @@ pub fn init() {
         );
         secret_file(c"feature_outbox.http_secret_file", c"A file holding the Standard Webhooks signing secret (whsec_<base64>); used instead of http_secret when set.", c"Read by the relay workers when they connect to the sink; SQL never shows its content. Can be set per database.", &HTTP_SECRET_FILE);
     }
+    reserve_prefix();
+}
+
+/// Reserves `feature_outbox.` for the settings defined above (PostgreSQL 15+): an unknown name under
+/// it, such as a typo in postgresql.conf, is warned about and removed now, and a later `SET`,
+/// `ALTER SYSTEM` or `ALTER DATABASE ... SET` of one fails with 42602 instead of creating a
+/// placeholder that nothing reads. Before 15 only the warning exists (EmitWarningsOnPlaceholders).
+fn reserve_prefix() {
+    #[cfg(any(feature = "pg13", feature = "pg14"))]
+    unsafe {
+        pg_sys::EmitWarningsOnPlaceholders(c"feature_outbox".as_ptr())
+    };
+    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    unsafe {
+        pg_sys::MarkGUCPrefixReserved(c"feature_outbox".as_ptr())
+    };
 }
 
 /// Parses feature_outbox.subject_resolutions: strictly ascending integers in 0–15, comma-separated,
