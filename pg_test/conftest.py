@@ -98,3 +98,18 @@ def cluster():
     c.start()
     yield c
     c.stop()
+
+
+@pytest.fixture
+def cluster_with(request):
+    """Starts clusters of the test's own with the given settings; stops them at the end of the test."""
+    started = []
+
+    def start(*settings):
+        c = Cluster(RUN_DIR / f"{request.node.name[:40]}-{len(started)}", free_port())
+        c.start(*settings)
+        started.append(c)
+        return c
+    yield start
+    for c in started:
+        c.stop()

@@ -20,21 +20,6 @@ FAST_RETRY = ("feature_outbox.retry_backoff_min = '100ms'", "feature_outbox.retr
 
 
 @pytest.fixture
-def cluster_with(request):
-    """Starts clusters with the given settings; stops them at the end of the test."""
-    started = []
-
-    def start(*settings):
-        c = Cluster(RUN_DIR / f"{request.node.name[:40]}-{len(started)}", free_port())
-        c.start(*settings)
-        started.append(c)
-        return c
-    yield start
-    for c in started:
-        c.stop()
-
-
-@pytest.fixture
 def nats_server(request):
     server = NatsServer(RUN_DIR / f"nats-{request.node.name[:40]}")
     server.start()

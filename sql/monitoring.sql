@@ -90,21 +90,29 @@ AS $$
                  (7, 'outbox_vacuum_held_for_seconds', 'Age of the transaction that holds back VACUUM of the outbox the longest.',
                   coalesce(extract(epoch FROM b.vacuum_held_for), 0)),
                  (8, 'outbox_relay_held', '1 while this database is held as a copy of another: its rows wait for resolve_copy().',
-                  (b.relay_held_reason IS NOT NULL)::integer)) AS g(ord, name, help, value)),
+                  (b.relay_held_reason IS NOT NULL AND NOT pg_is_in_recovery())::integer),
+                 -- 0.5.0: the server's role, and the workers a primary runs here, so that a rule can
+                 -- say "fewer running than configured, on a primary" without a number of its own.
+                 (9, 'outbox_server_in_recovery', '1 while this server is a standby (in recovery): no relay runs until it is promoted, and no sink series is reported.',
+                  pg_is_in_recovery()::integer),
+                 (10, 'outbox_relay_workers_configured', 'Relay workers this server runs for this database as a primary (feature_outbox.relay_workers when the relay serves it, else 0).',
+                  _relay_workers_configured())) AS g(ord, name, help, value)),
         -- Sink health per relay worker (0.4.0): "NATS down, no edits" shows within one poll interval.
+        -- A standby's workers have no sink yet (sink_up NULL): no sample, rather than one that reads
+        -- as down; likewise no last-success sample before a first success.
         '# HELP outbox_sink_up 1 when the worker''s sink is connected and working as last seen (each poll interval when idle; for HTTP the last request).',
         '# TYPE outbox_sink_up gauge',
         (SELECT string_agg(format('outbox_sink_up{%s,worker="%s"} %s', l.db, w.worker, w.sink_up::integer), E'\n' ORDER BY w.worker)
-           FROM _relay_workers() w),
+           FROM _relay_workers() w WHERE w.sink_up IS NOT NULL),
         '# HELP outbox_sink_errors_total Sink-level failures (failed connects, outages) of the worker since server start.',
         '# TYPE outbox_sink_errors_total counter',
         (SELECT string_agg(format('outbox_sink_errors_total{%s,worker="%s"} %s', l.db, w.worker, w.sink_errors), E'\n' ORDER BY w.worker)
-           FROM _relay_workers() w),
-        '# HELP outbox_sink_last_success_timestamp_seconds Unix time the worker''s sink last worked (connect, acknowledged batch, idle check); 0 if never.',
+           FROM _relay_workers() w WHERE w.sink_up IS NOT NULL),
+        '# HELP outbox_sink_last_success_timestamp_seconds Unix time the worker''s sink last worked (connect, acknowledged batch, idle check); no sample before the first.',
         '# TYPE outbox_sink_last_success_timestamp_seconds gauge',
         (SELECT string_agg(format('outbox_sink_last_success_timestamp_seconds{%s,worker="%s"} %s', l.db, w.worker,
-                                  coalesce(round(extract(epoch FROM w.sink_last_success_at), 3), 0)), E'\n' ORDER BY w.worker)
-           FROM _relay_workers() w),
+                                  round(extract(epoch FROM w.sink_last_success_at), 3)), E'\n' ORDER BY w.worker)
+           FROM _relay_workers() w WHERE w.sink_last_success_at IS NOT NULL AND w.sink_up IS NOT NULL),
         -- Expire outputs (0.4.0, sql/tiles.sql): one sample per output (and zoom); none without outputs.
         '# HELP outbox_expire_tiles_total Tiles an expire output delivered, by zoom (each batch''s tiles merged first).',
         '# TYPE outbox_expire_tiles_total counter',
@@ -135,7 +143,7 @@ AS $$
            LATERAL (SELECT format('database="%s"',
                                   replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
-COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, and per expire output outbox_expire_*.';
+COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, outbox_server_in_recovery, outbox_relay_workers_configured, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, and per expire output outbox_expire_*.';
 
 -- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
 -- for monitoring. Nothing in them is secret (errors never carry credentials).

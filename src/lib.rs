@@ -70,6 +70,7 @@ extension_sql_file!(
         monitoring::_relay_preloaded,
         monitoring::_relay_relayed,
         monitoring::_relay_held,
+        monitoring::_relay_workers_configured,
         edit::_h3_parent,
         relay_state::_relay_low_water,
         relay_state::_relay_low_water_reset

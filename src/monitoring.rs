@@ -40,6 +40,17 @@ fn slots_here() -> Result<(Vec<(usize, Slot)>, Option<(String, pgrx::pg_sys::Tim
     Ok((slots, launcher_error))
 }
 
+/// True while this server is a standby (in recovery). The launcher and the relay workers start only
+/// when recovery ends (BgWorkerStartTime::RecoveryFinished), so on a standby none runs, none is
+/// missing, and no sink is down: the relay starts at promotion.
+pub fn standby() -> bool {
+    unsafe { pgrx::pg_sys::RecoveryInProgress() }
+}
+
+/// What a standby's relay columns say (backlog.relay_held_reason, relay_databases.state).
+pub const STANDBY: &str = "standby";
+const STANDBY_REASON: &str = "this server is a standby (in recovery): its relay starts when it is promoted, within one poll interval";
+
 /// The slot whose error is current (its worker has not worked without one since) and newest.
 fn newest_error<'a>(slots: impl Iterator<Item = &'a Slot>) -> Option<&'a Slot> {
     slots.filter(|s| s.error_active && s.last_error_at != 0).max_by_key(|s| s.last_error_at)
@@ -70,11 +81,14 @@ fn _relay_workers() -> TableIterator<
         name!(last_active_at, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
-        name!(sink_up, bool),
+        name!(sink_up, Option<bool>),
         name!(sink_errors, i64),
         name!(sink_last_success_at, Option<TimestampWithTimeZone>),
     ),
 > {
+    // On a standby no worker runs yet: each configured one shows as "standby", its sink unknown
+    // (NULL), not down.
+    let standby = standby();
     let rows = slots_here()
         .map(|(slots, _)| slots)
         .unwrap_or_default()
@@ -83,14 +97,14 @@ fn _relay_workers() -> TableIterator<
             (
                 i as i32,
                 (s.pid != 0).then_some(s.pid),
-                s.state.label().to_string(),
+                if standby { STANDBY.to_string() } else { s.state.label().to_string() },
                 s.relayed_rows,
                 s.duplicates,
                 s.failed_attempts,
                 timestamp(s.last_active_at),
                 s.error_text(),
                 timestamp(s.last_error_at),
-                s.pid != 0 && s.sink_up,
+                (!standby).then_some(s.pid != 0 && s.sink_up),
                 s.sink_errors,
                 timestamp(s.sink_ok_at),
             )
@@ -105,7 +119,18 @@ fn _relay_workers() -> TableIterator<
 #[pg_extern(stable, parallel_safe)]
 fn _relay_held() -> Option<String> {
     let (slots, _) = slots_here().ok()?;
+    if standby() {
+        return Some(STANDBY_REASON.into());
+    }
     slots.iter().find(|(_, s)| s.pid != 0 && s.state == WorkerState::Held).map(|(_, s)| s.error_text().unwrap_or_default())
+}
+
+/// The relay workers this server runs for this database as a primary: feature_outbox.relay_workers
+/// when the relay serves it, else 0 (not preloaded, not named in feature_outbox.database). 0.5.0:
+/// beside outbox_relay_workers_running, "fewer than configured" needs no number in the rule.
+#[pg_extern(stable, parallel_safe)]
+fn _relay_workers_configured() -> i32 {
+    slots_here().map(|(slots, _)| slots.len() as i32).unwrap_or(0)
 }
 
 /// Relay totals for this database: workers running, last activity, the current error (none once the
@@ -139,6 +164,7 @@ fn _relay_status() -> TableIterator<
             unsafe { pgrx::pg_sys::max_worker_processes }
         )
     });
+    let missing = missing.filter(|_| !standby());
     let (error, error_at) = match (unserved, launcher_error, current, missing) {
         (Some(why), ..) => (Some(why), None),
         (None, Some((error, at)), ..) => (Some(error), timestamp(at)),
@@ -189,6 +215,9 @@ fn _relay_databases() -> TableIterator<
         return TableIterator::new(Vec::new());
     }
     let configured = settings::RELAY_WORKERS.get().max(0);
+    if standby() {
+        return TableIterator::new(standby_databases(configured));
+    }
     let shared = *RELAY.share();
     let mut rows = Vec::new();
     for d in shared.databases.iter().filter(|d| d.oid != 0) {
@@ -241,4 +270,19 @@ fn _relay_databases() -> TableIterator<
     }
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     TableIterator::new(rows)
+}
+
+type DatabaseRow = (String, String, i32, i32, Vec<String>, Option<i64>, Option<TimestampWithTimeZone>, Option<String>, Option<TimestampWithTimeZone>);
+
+/// A standby's relay_databases: every database the relay would serve after promotion, from the
+/// catalog (shared memory holds none, no launcher having run), each in state "standby".
+fn standby_databases(configured: i32) -> Vec<DatabaseRow> {
+    let served = Served::now();
+    let mut rows: Vec<DatabaseRow> = databases::scan()
+        .into_iter()
+        .filter(|d| d.served_by(&served))
+        .map(|d| (d.name, STANDBY.into(), configured, 0, vec![STANDBY.to_string(); configured as usize], None, None, None, None))
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    rows
 }

@@ -1,0 +1,173 @@
+"""A standby is a standby (issue 53): on a streaming standby made by pg_basebackup -R, as Patroni and
+every HA manager make them, the relay reports `standby` everywhere and no series that reads as down;
+pg_promote() starts the relay within one poll interval, with no restart, and it publishes the rows
+the old primary left, each as its committed row; the old primary, rewound with pg_rewind and
+started as a standby of the new one (Patroni's way back), reports `standby` again."""
+
+import os
+import re
+import subprocess
+import time
+
+import psycopg
+import pytest
+
+from conftest import PG_BIN, RUN_DIR, Cluster, free_port
+from relay_harness import NatsServer, reconfigure, wait_for
+
+DB = "ha"
+POLL = 2.0  # seconds: feature_outbox.poll_interval on both members
+AS_PG = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
+
+
+def as_postgres(*cmd: str) -> None:
+    subprocess.run([*AS_PG, *cmd], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def one(c: Cluster, sql: str, *args):
+    with c.connect(DB) as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        return conn.execute(sql, args).fetchone()
+
+
+def rows(c: Cluster, sql: str, *args) -> list[dict]:
+    with c.connect(DB) as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        return conn.execute(sql, args).fetchall()
+
+
+def metrics(c: Cluster) -> str:
+    return one(c, "SELECT feature_outbox.metrics() AS m")["m"]
+
+
+def sample(text: str, name: str) -> list[str]:
+    """The sample lines of series `name` in exposition text."""
+    return [line for line in text.splitlines() if re.match(rf"{name}{{", line)]
+
+
+def start_standby(directory, port: int, primary: Cluster | None = None) -> Cluster:
+    """pg_ctl start of a data directory that pg_basebackup -R or pg_rewind -R made, on its own port."""
+    c = Cluster(directory, port)
+    with open(directory / "data" / "postgresql.auto.conf", "a") as conf:
+        conf.write(f"\nport = {port}\nunix_socket_directories = '{directory}'\n")
+    as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(directory / "data"), "-l", str(directory / "server.log"), "-w", "start")
+    return c
+
+
+def wait_replayed(primary: Cluster, standby: Cluster) -> None:
+    with primary.connect() as conn:
+        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    wait_for(lambda: one(standby, "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn AS ok", lsn)["ok"], 20, "the standby to replay")
+
+
+def assert_standby(c: Cluster) -> None:
+    """What a standby's monitoring says: standby everywhere, no error, no sink series."""
+    assert one(c, "SELECT pg_is_in_recovery() AS r")["r"]
+    dbs = rows(c, "SELECT * FROM feature_outbox.relay_databases")
+    assert [(d["database"], d["state"], d["relay_workers"], d["workers_running"], d["worker_states"], d["last_error"])
+            for d in dbs if d["database"] == DB] == [(DB, "standby", 1, 0, ["standby"], None)], dbs
+    assert {d["state"] for d in dbs} == {"standby"}, dbs
+    workers = rows(c, "SELECT worker, pid, state, sink_up FROM feature_outbox.workers")
+    assert workers == [{"worker": 0, "pid": None, "state": "standby", "sink_up": None}]
+    b = one(c, "SELECT relay_workers_running, relay_last_error, relay_held_reason FROM feature_outbox.backlog")
+    assert b["relay_workers_running"] == 0 and b["relay_last_error"] is None, b
+    assert "standby" in b["relay_held_reason"] and "promoted" in b["relay_held_reason"], b
+    m = metrics(c)
+    assert sample(m, "outbox_server_in_recovery") == [f'outbox_server_in_recovery{{database="{DB}"}} 1']
+    assert sample(m, "outbox_relay_held") == [f'outbox_relay_held{{database="{DB}"}} 0']
+    assert sample(m, "outbox_relay_workers_configured") == [f'outbox_relay_workers_configured{{database="{DB}"}} 1']
+    for series in ("outbox_sink_up", "outbox_sink_errors_total", "outbox_sink_last_success_timestamp_seconds"):
+        assert sample(m, series) == [], (series, m)
+
+
+@pytest.fixture
+def nats_server():
+    server = NatsServer(RUN_DIR / "nats-standby")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def members():
+    made: list[Cluster] = []
+    yield made
+    for c in made:
+        c.stop()
+
+
+def test_standby_reports_standby_then_promotion_starts_the_relay(nats_server, members):
+    primary = Cluster(RUN_DIR / "standby-primary", free_port())
+    primary.start(f"feature_outbox.database = '{DB}'", f"feature_outbox.endpoint = '{nats_server.url}'",
+                  f"feature_outbox.poll_interval = '{int(POLL * 1000)}ms'", "wal_log_hints = on",
+                  "feature_outbox.retry_backoff_max = '1s'")
+    members.append(primary)
+    primary.create_db(DB)
+    with primary.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%s,52.5]}', 13 + i / 100.0), 'created')
+                          FROM generate_series(1, 5) i""")
+    wait_for(lambda: one(primary, "SELECT unpublished_rows FROM feature_outbox.backlog")["unpublished_rows"] == 0, 20, "the primary to relay")
+
+    # The standby, as every HA manager makes one.
+    sdir = RUN_DIR / "standby-replica"
+    subprocess.run(["rm", "-rf", str(sdir)], check=True)
+    subprocess.run(["install", "-d", "-o", "postgres", "-g", "postgres", "-m", "0700", str(sdir)], check=True)
+    as_postgres(str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                "-D", str(sdir / "data"), "-R", "-X", "stream", "--checkpoint=fast")
+    standby = start_standby(sdir, free_port())
+    members.append(standby)
+    wait_replayed(primary, standby)
+    assert_standby(standby)
+    # The primary, beside it: relaying, its sink up.
+    m = metrics(primary)
+    assert sample(m, "outbox_server_in_recovery") == [f'outbox_server_in_recovery{{database="{DB}"}} 0']
+    assert sample(m, "outbox_sink_up") == [f'outbox_sink_up{{database="{DB}",worker="0"}} 1']
+    assert len(sample(m, "outbox_sink_last_success_timestamp_seconds")) == 1
+
+    # The primary's relay cut off from NATS (its own postgresql.auto.conf: the standby keeps the
+    # endpoint it was copied with), edits waiting; the standby has them; the primary goes away.
+    reconfigure(primary, endpoint="nats://127.0.0.1:9")
+    with primary.connect(DB) as conn:
+        conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%s,48.8]}', 2 + i / 100.0), 'moved')
+                          FROM generate_series(1, 5) i""")
+        conn.execute("SELECT feature_outbox.edit_feature(6, '{\"type\":\"Point\",\"coordinates\":[-74,40.7]}', 'created')")
+    wait_replayed(primary, standby)
+    waiting = one(standby, "SELECT unpublished_rows FROM feature_outbox.backlog")["unpublished_rows"]
+    assert waiting == 6
+    assert_standby(standby)
+    primary.stop()
+
+    asked = time.monotonic()
+    with standby.connect() as conn:
+        assert conn.execute("SELECT pg_promote(true, 60)").fetchone() == (True,)
+    promoted = time.monotonic()
+    wait_for(lambda: one(standby, "SELECT unpublished_rows FROM feature_outbox.backlog")["unpublished_rows"] == 0, 30,
+             "the promoted standby to relay")
+    drained = time.monotonic()
+    print(f"\npg_promote() took {promoted - asked:.2f} s; the backlog of {waiting} was empty {drained - promoted:.2f} s "
+          f"after it returned, {drained - asked:.2f} s after it was called (poll interval {POLL} s)")
+    assert drained - asked < POLL, f"the relay drained {drained - asked:.2f} s after pg_promote(), more than one poll interval"
+
+    # What subscribers got from the new primary is what it committed.
+    committed = {str(r["event_id"]): r for r in rows(standby, "SELECT * FROM feature_outbox.outbox WHERE event_type IN ('moved') OR feature_id = 6")}
+    got = [msg for msg in nats_server.messages() if msg["event"]["event_id"] in committed]
+    assert sorted(msg["event"]["event_id"] for msg in got) == sorted(committed)
+    for msg in got:
+        e, row = msg["event"], committed[msg["event"]["event_id"]]
+        assert (e["feature_id"], e["event_version"], e["action"], e["routing_key"]) == \
+            (str(row["feature_id"]), row["feature_version"], row["event_type"], row["routing_key"])
+        lon = 2 + row["feature_id"] / 100.0 if row["feature_id"] <= 5 else -74
+        assert e["geometry"]["coordinates"][0] == pytest.approx(lon)
+    dbs = rows(standby, "SELECT database, state FROM feature_outbox.relay_databases")
+    assert {(d["database"], d["state"]) for d in dbs} == {(DB, "relaying")}
+    m = metrics(standby)
+    assert sample(m, "outbox_server_in_recovery") == [f'outbox_server_in_recovery{{database="{DB}"}} 0']
+    assert sample(m, "outbox_sink_up") == [f'outbox_sink_up{{database="{DB}",worker="0"}} 1']
+
+    # The old primary comes back as a standby of the new one, rewound as Patroni does.
+    as_postgres(str(PG_BIN / "pg_rewind"), "-D", str(primary.dir / "data"), "-R",
+                f"--source-server=host=127.0.0.1 port={standby.port} user=postgres dbname=postgres")
+    rejoined = start_standby(primary.dir, free_port())
+    wait_replayed(standby, rejoined)
+    assert_standby(rejoined)
