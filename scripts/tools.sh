@@ -3,6 +3,7 @@
 #   tansu   0.6.0   Kafka-compatible broker, cargo install from crates.io, --features libsql
 #   martin  1.14.0  tile server, cargo install from crates.io, PostgreSQL sources only
 #   varnish         Debian's varnish, varnish-modules (xkey) and hitch (TLS in front of Varnish)
+#   prometheus      Debian's prometheus (with promtool), for the alert rules' tests
 #
 # Usage: scripts/tools.sh [NAME ...]          install what is missing or stale (default: all), then
 #                                             print NAME=PATH of each binary on stdout
@@ -21,8 +22,7 @@ set -euo pipefail
 
 TOOLS=${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}
 BUILD=${FEATURE_OUTBOX_TOOLS_BUILD:-$TOOLS/.build}
-ALL=(tansu martin varnish)
-VARNISH_PKGS=(varnish varnish-modules hitch)
+ALL=(tansu martin varnish prometheus)
 
 say() { printf 'tools: %s\n' "$*" >&2; }
 die() { printf 'tools: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -73,15 +73,25 @@ cargo_status() {
   echo fresh
 }
 
+# The Debian packages of an apt-installed tool.
+apt_packages() {
+  case "$1" in
+    varnish) echo varnish varnish-modules hitch ;;
+    prometheus) echo prometheus ;;
+  esac
+}
+
 apt_status() {
   local p missing=()
-  for p in "${VARNISH_PKGS[@]}"; do
+  for p in $(apt_packages "$1"); do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then echo fresh; else echo "missing: ${missing[*]}"; fi
 }
 
-status() { case "$1" in varnish) apt_status ;; *) cargo_status "$1" ;; esac; }
+is_apt() { [ -n "$(apt_packages "$1")" ]; }
+
+status() { if is_apt "$1"; then apt_status "$1"; else cargo_status "$1"; fi; }
 
 # Runs "$@" with its output in $log; on failure, names the tool and step and shows the log's end.
 run_logged() {
@@ -124,14 +134,16 @@ build_cargo() {
   say "$name $version built in $((SECONDS - t)) s"
 }
 
-install_varnish() {
-  local t=$SECONDS why log=$TOOLS/logs/varnish-apt.log sudo=""
-  why=$(apt_status)
+install_apt() {
+  local name=$1 t=$SECONDS why log=$TOOLS/logs/$1-apt.log sudo="" pkgs
+  read -r -a pkgs < <(apt_packages "$name")
+  why=$(apt_status "$name")
   [ "$why" = fresh ] && return 0
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   mkdir -p "$TOOLS/logs"; : >"$log"
-  say "varnish: ${why}; installing Debian's ${VARNISH_PKGS[*]}"
-  # The packages' services would start on port 6081 and 443; the tests start their own.
+  say "$name: ${why}; installing Debian's ${pkgs[*]}"
+  # The packages' services would start on their ports (Varnish 6081, hitch 443, Prometheus 9090);
+  # the tests start their own.
   local policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
@@ -139,12 +151,12 @@ install_varnish() {
     policy=/usr/sbin/policy-rc.d
   fi
   # apt's own lock: setup.sh may be installing at the same moment.
-  run_logged varnish "apt-get update" "$log" $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
-  run_logged varnish "apt-get install ${VARNISH_PKGS[*]}" "$log" env DEBIAN_FRONTEND=noninteractive \
-    $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${VARNISH_PKGS[@]}"
+  run_logged "$name" "apt-get update" "$log" $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  run_logged "$name" "apt-get install ${pkgs[*]}" "$log" env DEBIAN_FRONTEND=noninteractive \
+    $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${pkgs[@]}"
   [ -z "$policy" ] || $sudo rm -f "$policy"
-  [ "$(apt_status)" = fresh ] || die "varnish: still $(apt_status) after apt-get install (log: $log)"
-  say "varnish: installed in $((SECONDS - t)) s"
+  [ "$(apt_status "$name")" = fresh ] || die "$name: still $(apt_status "$name") after apt-get install (log: $log)"
+  say "$name: installed in $((SECONDS - t)) s"
 }
 
 # One tool, under its own lock (a build started elsewhere is waited for, then found fresh).
@@ -156,13 +168,14 @@ ensure() {
     say "$name: another build holds $TOOLS/.$name.lock; waiting"
     flock "$fd"
   fi
-  case "$name" in varnish) install_varnish ;; *) build_cargo "$name" ;; esac
+  if is_apt "$name"; then install_apt "$name"; else build_cargo "$name"; fi
   exec {fd}>&-
 }
 
 path_of() {
   case "$1" in
     varnish) command -v varnishd || echo /usr/sbin/varnishd ;;
+    prometheus) command -v prometheus || echo /usr/bin/prometheus ;;
     *) bin_of "$1" ;;
   esac
 }
