@@ -43,12 +43,12 @@ fn slots_here() -> Result<(Vec<(usize, Slot)>, Option<(String, pgrx::pg_sys::Tim
 /// True while this server is a standby (in recovery). The launcher and the relay workers start only
 /// when recovery ends (BgWorkerStartTime::RecoveryFinished), so on a standby none runs, none is
 /// missing, and no sink is down: the relay starts at promotion.
-pub fn standby() -> bool {
+fn standby() -> bool {
     unsafe { pgrx::pg_sys::RecoveryInProgress() }
 }
 
 /// What a standby's relay columns say (backlog.relay_held_reason, relay_databases.state).
-pub const STANDBY: &str = "standby";
+const STANDBY: &str = "standby";
 const STANDBY_REASON: &str = "this server is a standby (in recovery): its relay starts when it is promoted, within one poll interval";
 
 /// The slot whose error is current (its worker has not worked without one since) and newest.

@@ -362,8 +362,9 @@ pub fn init() {
 
 /// Reserves `feature_outbox.` for the settings defined above (PostgreSQL 15+): an unknown name under
 /// it, such as a typo in postgresql.conf, is warned about and removed now, and a later `SET`,
-/// `ALTER SYSTEM` or `ALTER DATABASE ... SET` of one fails with 42602 instead of creating a
-/// placeholder that nothing reads. Before 15 only the warning exists (EmitWarningsOnPlaceholders).
+/// `ALTER DATABASE ... SET` or `ALTER ROLE ... SET` of one fails with 42602 (`ALTER SYSTEM`: 42704
+/// on 15, 42602 later) instead of creating a placeholder that nothing reads. Before 15 only the
+/// warning exists (EmitWarningsOnPlaceholders).
 fn reserve_prefix() {
     #[cfg(any(feature = "pg13", feature = "pg14"))]
     unsafe {
