@@ -82,9 +82,11 @@ bench-ab: setup
 
 ## faults: every fault drill in full (JetStream cluster, failover, outages, hostile receivers),
 ## against Debian's nats-server and PyPI's current one; writes pg_test/FAULTS.md. make test runs
-## each drill in its short form.
+## each drill in its short form. Then the alert rules end to end with the shipped thresholds
+## (pg_test/test_prometheus.py, about 15 minutes).
 faults: install-test
 	$(VENV)/bin/python pg_test/faults.py
+	FEATURE_OUTBOX_ALERTS_FULL=1 bash pg_test/run.sh pg_test/test_prometheus.py
 
 ## package: dist/postgresql-$(PG)-feature-outbox_<version>-1_amd64.deb, built in that major's root
 ## (15: on the host, which is that root's Debian 12).

@@ -4,24 +4,18 @@ pg_promote() starts the relay within one poll interval, with no restart, and it 
 the old primary left, each as its committed row; the old primary, rewound with pg_rewind and
 started as a standby of the new one (Patroni's way back), reports `standby` again."""
 
-import os
 import re
-import subprocess
 import time
 
 import psycopg
 import pytest
 
-from conftest import PG_BIN, RUN_DIR, Cluster, free_port
+from conftest import RUN_DIR, Cluster, free_port
 from relay_harness import NatsServer, reconfigure, wait_for
+from standby_harness import make_standby, rejoin_as_standby, wait_replayed
 
 DB = "ha"
 POLL = 2.0  # seconds: feature_outbox.poll_interval on both members
-AS_PG = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
-
-
-def as_postgres(*cmd: str) -> None:
-    subprocess.run([*AS_PG, *cmd], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def one(c: Cluster, sql: str, *args):
@@ -45,32 +39,19 @@ def sample(text: str, name: str) -> list[str]:
     return [line for line in text.splitlines() if re.match(rf"{name}{{", line)]
 
 
-def start_standby(directory, port: int, primary: Cluster | None = None) -> Cluster:
-    """pg_ctl start of a data directory that pg_basebackup -R or pg_rewind -R made, on its own port."""
-    c = Cluster(directory, port)
-    with open(directory / "data" / "postgresql.auto.conf", "a") as conf:
-        conf.write(f"\nport = {port}\nunix_socket_directories = '{directory}'\n")
-    as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(directory / "data"), "-l", str(directory / "server.log"), "-w", "start")
-    return c
-
-
-def wait_replayed(primary: Cluster, standby: Cluster) -> None:
-    with primary.connect() as conn:
-        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-    wait_for(lambda: one(standby, "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn AS ok", lsn)["ok"], 20, "the standby to replay")
-
-
 def assert_standby(c: Cluster) -> None:
     """What a standby's monitoring says: standby everywhere, no error, no sink series."""
     assert one(c, "SELECT pg_is_in_recovery() AS r")["r"]
-    dbs = rows(c, "SELECT * FROM feature_outbox.relay_databases")
-    assert [(d["database"], d["state"], d["relay_workers"], d["workers_running"], d["worker_states"], d["last_error"])
-            for d in dbs if d["database"] == DB] == [(DB, "standby", 1, 0, ["standby"], None)], dbs
-    assert {d["state"] for d in dbs} == {"standby"}, dbs
+    # This database's workers as configured; another served database's are unknown on a standby
+    # (its extension can be seen only connected to it); a named database that does not exist waits.
+    dbs = {d["database"]: (d["state"], d["relay_workers"], d["workers_running"], d["worker_states"], d["last_error"])
+           for d in rows(c, "SELECT * FROM feature_outbox.relay_databases")}
+    assert dbs == {DB: ("standby", 1, 0, ["standby"], None), "other": ("standby", None, 0, [], None),
+                   "absent": ("waiting for database", 0, 0, [], None)}, dbs
     workers = rows(c, "SELECT worker, pid, state, sink_up FROM feature_outbox.workers")
     assert workers == [{"worker": 0, "pid": None, "state": "standby", "sink_up": None}]
-    b = one(c, "SELECT relay_workers_running, relay_last_error, relay_held_reason FROM feature_outbox.backlog")
-    assert b["relay_workers_running"] == 0 and b["relay_last_error"] is None, b
+    b = one(c, "SELECT relay_workers_running, relay_workers_configured, relay_last_error, relay_held_reason FROM feature_outbox.backlog")
+    assert (b["relay_workers_running"], b["relay_workers_configured"], b["relay_last_error"]) == (0, 1, None), b
     assert "standby" in b["relay_held_reason"] and "promoted" in b["relay_held_reason"], b
     m = metrics(c)
     assert sample(m, "outbox_server_in_recovery") == [f'outbox_server_in_recovery{{database="{DB}"}} 1']
@@ -98,11 +79,12 @@ def members():
 
 def test_standby_reports_standby_then_promotion_starts_the_relay(nats_server, members):
     primary = Cluster(RUN_DIR / "standby-primary", free_port())
-    primary.start(f"feature_outbox.database = '{DB}'", f"feature_outbox.endpoint = '{nats_server.url}'",
+    primary.start(f"feature_outbox.database = '{DB},other,absent'", f"feature_outbox.endpoint = '{nats_server.url}'",
                   f"feature_outbox.poll_interval = '{int(POLL * 1000)}ms'", "wal_log_hints = on",
                   "feature_outbox.retry_backoff_max = '1s'")
     members.append(primary)
     primary.create_db(DB)
+    primary.create_db("other")  # served by the setting, without the extension
     with primary.connect(DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%s,52.5]}', 13 + i / 100.0), 'created')
@@ -110,14 +92,8 @@ def test_standby_reports_standby_then_promotion_starts_the_relay(nats_server, me
     wait_for(lambda: one(primary, "SELECT unpublished_rows FROM feature_outbox.backlog")["unpublished_rows"] == 0, 20, "the primary to relay")
 
     # The standby, as every HA manager makes one.
-    sdir = RUN_DIR / "standby-replica"
-    subprocess.run(["rm", "-rf", str(sdir)], check=True)
-    subprocess.run(["install", "-d", "-o", "postgres", "-g", "postgres", "-m", "0700", str(sdir)], check=True)
-    as_postgres(str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-                "-D", str(sdir / "data"), "-R", "-X", "stream", "--checkpoint=fast")
-    standby = start_standby(sdir, free_port())
+    standby = make_standby(primary, RUN_DIR / "standby-replica")
     members.append(standby)
-    wait_replayed(primary, standby)
     assert_standby(standby)
     # The primary, beside it: relaying, its sink up.
     m = metrics(primary)
@@ -159,15 +135,11 @@ def test_standby_reports_standby_then_promotion_starts_the_relay(nats_server, me
             (str(row["feature_id"]), row["feature_version"], row["event_type"], row["routing_key"])
         lon = 2 + row["feature_id"] / 100.0 if row["feature_id"] <= 5 else -74
         assert e["geometry"]["coordinates"][0] == pytest.approx(lon)
-    dbs = rows(standby, "SELECT database, state FROM feature_outbox.relay_databases")
-    assert {(d["database"], d["state"]) for d in dbs} == {(DB, "relaying")}
+    wait_for(lambda: {(d["database"], d["state"]) for d in rows(standby, "SELECT database, state FROM feature_outbox.relay_databases")}
+             == {(DB, "relaying"), ("other", "no extension"), ("absent", "waiting for database")}, 10, "the launcher to probe")
     m = metrics(standby)
     assert sample(m, "outbox_server_in_recovery") == [f'outbox_server_in_recovery{{database="{DB}"}} 0']
     assert sample(m, "outbox_sink_up") == [f'outbox_sink_up{{database="{DB}",worker="0"}} 1']
 
     # The old primary comes back as a standby of the new one, rewound as Patroni does.
-    as_postgres(str(PG_BIN / "pg_rewind"), "-D", str(primary.dir / "data"), "-R",
-                f"--source-server=host=127.0.0.1 port={standby.port} user=postgres dbname=postgres")
-    rejoined = start_standby(primary.dir, free_port())
-    wait_replayed(standby, rejoined)
-    assert_standby(rejoined)
+    assert_standby(rejoin_as_standby(primary, standby))

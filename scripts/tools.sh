@@ -3,7 +3,8 @@
 #   tansu   0.6.0   Kafka-compatible broker, cargo install from crates.io, --features libsql
 #   martin  1.14.0  tile server, cargo install from crates.io, PostgreSQL sources only
 #   varnish         Debian's varnish, varnish-modules (xkey) and hitch (TLS in front of Varnish)
-#   prometheus      Debian's prometheus (with promtool), for the alert rules' tests
+#   prometheus      Debian's prometheus (with promtool) and prometheus-postgres-exporter, for the
+#                   alert rules' tests and the monitoring page's exporter recipe
 #
 # Usage: scripts/tools.sh [NAME ...]          install what is missing or stale (default: all), then
 #                                             print NAME=PATH of each binary on stdout
@@ -77,7 +78,7 @@ cargo_status() {
 apt_packages() {
   case "$1" in
     varnish) echo varnish varnish-modules hitch ;;
-    prometheus) echo prometheus ;;
+    prometheus) echo prometheus prometheus-postgres-exporter ;;
   esac
 }
 

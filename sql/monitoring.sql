@@ -20,8 +20,12 @@ SELECT u.unpublished_rows,
        h.pid AS vacuum_held_by_pid,
        h.held_for AS vacuum_held_for,
        -- Not NULL while this database is held as a copy of another (sql/identity.sql): its rows
-       -- wait for resolve_copy(), which the text names. They are held, not failing.
-       _relay_held() AS relay_held_reason
+       -- wait for resolve_copy(), which the text names. They are held, not failing. On a standby
+       -- it says that the relay starts at promotion (0.5.0).
+       _relay_held() AS relay_held_reason,
+       -- 0.5.0: the workers a primary runs here (feature_outbox.relay_workers when the relay serves
+       -- this database, else 0), so that "fewer running than configured" needs no number of its own.
+       _relay_workers_configured() AS relay_workers_configured
   FROM (SELECT count(*) AS unpublished_rows,
                -- Parked rows wait for a person, not the relay: they do not hold the age alert on.
                min(o.created_at) FILTER (WHERE o.parked_at IS NULL) AS oldest_unpublished_at,
@@ -96,7 +100,7 @@ AS $$
                  (9, 'outbox_server_in_recovery', '1 while this server is a standby (in recovery): no relay runs until it is promoted, and no sink series is reported.',
                   pg_is_in_recovery()::integer),
                  (10, 'outbox_relay_workers_configured', 'Relay workers this server runs for this database as a primary (feature_outbox.relay_workers when the relay serves it, else 0).',
-                  _relay_workers_configured())) AS g(ord, name, help, value)),
+                  b.relay_workers_configured)) AS g(ord, name, help, value)),
         -- Sink health per relay worker (0.4.0): "NATS down, no edits" shows within one poll interval.
         -- A standby's workers have no sink yet (sink_up NULL): no sample, rather than one that reads
         -- as down; likewise no last-success sample before a first success.
@@ -175,7 +179,8 @@ SELECT l.layer,
        reg.held_since,
        reg.held_reason,
        -- The whole database held as a copy of another (the backlog view's column).
-       b.relay_held_reason
+       b.relay_held_reason,
+       b.relay_workers_configured
   FROM (SELECT r.layer FROM layer_registry r
         UNION
         SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()

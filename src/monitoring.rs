@@ -202,7 +202,7 @@ fn _relay_databases() -> TableIterator<
     (
         name!(database, String),
         name!(state, String),
-        name!(relay_workers, i32),
+        name!(relay_workers, Option<i32>),
         name!(workers_running, i32),
         name!(worker_states, Vec<String>),
         name!(unpublished, Option<i64>),
@@ -215,9 +215,29 @@ fn _relay_databases() -> TableIterator<
         return TableIterator::new(Vec::new());
     }
     let configured = settings::RELAY_WORKERS.get().max(0);
-    if standby() {
-        return TableIterator::new(standby_databases(configured));
+    let mut rows = if standby() { standby_databases(configured) } else { primary_databases(configured) };
+    if let Served::Named(names) = Served::now() {
+        let known: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+        let catalog = databases::scan();
+        for name in names.into_iter().filter(|n| !known.contains(n)) {
+            let state = match catalog.iter().find(|d| d.name == name) {
+                None => "waiting for database",
+                Some(d) if d.is_template => "not served: a template",
+                Some(d) if !d.allows_connections => "not served: allows no connections",
+                Some(_) if standby() => STANDBY,
+                Some(_) => "probing",
+            };
+            rows.push((name, state.into(), Some(0), 0, Vec::new(), None, None, None, None));
+        }
     }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    TableIterator::new(rows)
+}
+
+type DatabaseRow = (String, String, Option<i32>, i32, Vec<String>, Option<i64>, Option<TimestampWithTimeZone>, Option<String>, Option<TimestampWithTimeZone>);
+
+/// A primary's relay_databases: each database the launcher keeps in shared memory.
+fn primary_databases(configured: i32) -> Vec<DatabaseRow> {
     let shared = *RELAY.share();
     let mut rows = Vec::new();
     for d in shared.databases.iter().filter(|d| d.oid != 0) {
@@ -246,7 +266,7 @@ fn _relay_databases() -> TableIterator<
         rows.push((
             d.name(),
             state,
-            if d.presence == Presence::Present { configured } else { 0 },
+            Some(if d.presence == Presence::Present { configured } else { 0 }),
             running,
             states,
             (d.unpublished_at != 0).then_some(d.unpublished),
@@ -255,34 +275,25 @@ fn _relay_databases() -> TableIterator<
             error_at,
         ));
     }
-    if let Served::Named(names) = Served::now() {
-        let known: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
-        let catalog = databases::scan();
-        for name in names.into_iter().filter(|n| !known.contains(n)) {
-            let state = match catalog.iter().find(|d| d.name == name) {
-                None => "waiting for database",
-                Some(d) if d.is_template => "not served: a template",
-                Some(d) if !d.allows_connections => "not served: allows no connections",
-                Some(_) => "probing",
-            };
-            rows.push((name, state.into(), 0, 0, Vec::new(), None, None, None, None));
-        }
-    }
-    rows.sort_by(|a, b| a.0.cmp(&b.0));
-    TableIterator::new(rows)
+    rows
 }
 
-type DatabaseRow = (String, String, i32, i32, Vec<String>, Option<i64>, Option<TimestampWithTimeZone>, Option<String>, Option<TimestampWithTimeZone>);
-
 /// A standby's relay_databases: every database the relay would serve after promotion, from the
-/// catalog (shared memory holds none, no launcher having run), each in state "standby".
+/// catalog (shared memory holds none, no launcher having run), each in state "standby". Whether a
+/// database has the extension can be read only connected to it: this one's workers are the
+/// configured ones, another's relay_workers is NULL (unknown until promotion probes it).
 fn standby_databases(configured: i32) -> Vec<DatabaseRow> {
+    if configured == 0 {
+        return Vec::new(); // as on a primary: relay_workers = 0 serves no database
+    }
+    let here = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId)) }.to_string_lossy().into_owned();
     let served = Served::now();
-    let mut rows: Vec<DatabaseRow> = databases::scan()
+    databases::scan()
         .into_iter()
         .filter(|d| d.served_by(&served))
-        .map(|d| (d.name, STANDBY.into(), configured, 0, vec![STANDBY.to_string(); configured as usize], None, None, None, None))
-        .collect();
-    rows.sort_by(|a, b| a.0.cmp(&b.0));
-    rows
+        .map(|d| {
+            let (workers, states) = if d.name == here { (Some(configured), vec![STANDBY.to_string(); configured as usize]) } else { (None, Vec::new()) };
+            (d.name, STANDBY.into(), workers, 0, states, None, None, None, None)
+        })
+        .collect()
 }

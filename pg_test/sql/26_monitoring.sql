@@ -26,7 +26,7 @@ SELECT unpublished_rows, failing_rows, parked_rows, oldest_parked_age >= interva
 SELECT layer, unpublished_rows, failing_rows, parked_rows, oldest_unpublished_age >= interval '0' AS age,
        drifted_rows, held_since, held_reason
   FROM feature_outbox.backlog_by_layer ORDER BY layer;
--- Every backlog column, in the backlog's order (0.4.0's relay_held_reason comes last in both).
+-- Every backlog column, in the backlog's order (0.5.0's relay_workers_configured comes last in both).
 SELECT (SELECT array_agg(column_name::text ORDER BY ordinal_position) FROM information_schema.columns
          WHERE table_schema = 'feature_outbox' AND table_name = 'backlog')
        = (SELECT array_agg(column_name::text ORDER BY ordinal_position) FROM information_schema.columns

@@ -5,4 +5,6 @@
 -- what depends on them), and column defaults put back after such a drop. Never a function body.
 
 -- Nothing yet: 0.5.0's changes so far (metrics() on a standby, its two new series, the function
--- _relay_workers_configured()) are bodies and a new function, which the generated part carries.
+-- _relay_workers_configured(), the column relay_workers_configured appended to backlog and
+-- backlog_by_layer) are bodies, a new function and views that CREATE OR REPLACE VIEW extends at
+-- their end, all of which the generated part carries.
