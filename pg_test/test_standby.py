@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from conftest import RUN_DIR, Cluster, free_port
-from relay_harness import NatsServer, reconfigure, wait_for
+from relay_harness import nats_fixture, reconfigure, wait_for
 from standby_harness import make_standby, rejoin_as_standby, wait_replayed
 
 DB = "ha"
@@ -61,12 +61,7 @@ def assert_standby(c: Cluster) -> None:
         assert sample(m, series) == [], (series, m)
 
 
-@pytest.fixture
-def nats_server():
-    server = NatsServer(RUN_DIR / "nats-standby")
-    server.start()
-    yield server
-    server.stop()
+nats_server = nats_fixture("nats-standby")
 
 
 @pytest.fixture

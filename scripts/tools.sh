@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The servers some tests, the demo and the bench run against, installed once per machine:
-#   tansu   0.6.0   Kafka-compatible broker, cargo install from crates.io, --features libsql
+#   tansu   0.6.0   Kafka-compatible broker, cargo install from crates.io, --features libsql (it
+#                   enables everything the default features do, and SQLite storage)
 #   martin  1.14.0  tile server, cargo install from crates.io, PostgreSQL sources only
 #   varnish         Debian's varnish, varnish-modules (xkey) and hitch (TLS in front of Varnish)
 #   prometheus      Debian's prometheus (with promtool) and prometheus-postgres-exporter, for the
