@@ -110,7 +110,10 @@ build_cargo() {
   read -r crate version features < <(recipe "$name")
   dir=$(dir_of "$name"); bin=$(bin_of "$name")
   why=$(cargo_status "$name")
-  [ "$why" = fresh ] && return 0
+  if [ "$why" = fresh ]; then
+    say "$name $version: fresh, $(sed -n 's/^built=//p' "$dir/STAMP")"
+    return 0
+  fi
   log=$TOOLS/logs/$name-$version.log
   mkdir -p "$TOOLS/logs" "$BUILD"
   : >"$log"
@@ -140,7 +143,10 @@ install_apt() {
   local name=$1 t=$SECONDS why log=$TOOLS/logs/$1-apt.log sudo="" pkgs
   read -r -a pkgs < <(apt_packages "$name")
   why=$(apt_status "$name")
-  [ "$why" = fresh ] && return 0
+  if [ "$why" = fresh ]; then
+    say "$name: fresh, Debian's $(dpkg-query -W -f='${Package} ${Version}, ' "${pkgs[@]}" | sed 's/, $//')"
+    return 0
+  fi
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   mkdir -p "$TOOLS/logs"; : >"$log"
   say "$name: ${why}; installing Debian's ${pkgs[*]}"
