@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from conftest import RUN_DIR, Cluster, free_port
-from relay_harness import nats_fixture, reconfigure, wait_for
+from relay_harness import nats_fixture, wait_for
 from standby_harness import make_standby, rejoin_as_standby, wait_replayed
 
 DB = "ha"
@@ -96,9 +96,9 @@ def test_standby_reports_standby_then_promotion_starts_the_relay(nats_server, me
     assert sample(m, "outbox_sink_up") == [f'outbox_sink_up{{database="{DB}",worker="0"}} 1']
     assert len(sample(m, "outbox_sink_last_success_timestamp_seconds")) == 1
 
-    # The primary's relay cut off from NATS (its own postgresql.auto.conf: the standby keeps the
-    # endpoint it was copied with), edits waiting; the standby has them; the primary goes away.
-    reconfigure(primary, endpoint="nats://127.0.0.1:9")
+    # NATS goes away: the primary's relay cannot publish, and the edits wait in the outbox; the
+    # standby replays them; the primary goes away too, and NATS comes back (the same store).
+    nats_server.stop()
     with primary.connect(DB) as conn:
         conn.execute("""SELECT feature_outbox.edit_feature(i, format('{"type":"Point","coordinates":[%s,48.8]}', 2 + i / 100.0), 'moved')
                           FROM generate_series(1, 5) i""")
@@ -108,6 +108,7 @@ def test_standby_reports_standby_then_promotion_starts_the_relay(nats_server, me
     assert waiting == 6
     assert_standby(standby)
     primary.stop()
+    nats_server.start()
 
     asked = time.monotonic()
     with standby.connect() as conn:
