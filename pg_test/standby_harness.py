@@ -50,9 +50,11 @@ def rejoin_as_standby(old_primary: Cluster, new_primary: Cluster) -> Cluster:
 
 
 def wait_replayed(primary: Cluster, standby: Cluster) -> None:
-    """Until the standby has replayed everything the primary has written so far."""
+    """Until the standby has replayed everything the primary has committed so far. The insert
+    position, not the write position: with synchronous_commit off (the test clusters') a commit
+    record can still sit in the WAL buffers, beyond pg_current_wal_lsn()."""
     with primary.connect() as conn:
-        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
 
     def replayed() -> bool:
         with standby.connect() as conn:
