@@ -11,14 +11,18 @@ fn timestamp(ts: pgrx::pg_sys::TimestampTz) -> Option<TimestampWithTimeZone> {
     (ts != 0).then(|| TimestampWithTimeZone::try_from(ts).ok()).flatten()
 }
 
+/// The name of the database this session is connected to.
+fn current_database() -> String {
+    unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId)) }.to_string_lossy().into_owned()
+}
+
 /// The configured workers' slots (index order; a worker not running shows as stopped) when the
 /// relay serves the current database, else why none does. Also the launcher's error for it.
 fn slots_here() -> Result<(Vec<(usize, Slot)>, Option<(String, pgrx::pg_sys::TimestampTz)>), String> {
     if !ready() {
         return Err("feature_outbox is not in shared_preload_libraries: no relay worker runs, nothing is published".into());
     }
-    let here = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId)) };
-    let here = here.to_string_lossy();
+    let here = current_database();
     if !Served::now().includes(&here) {
         let served = settings::string(&settings::DATABASE);
         return Err(format!("no relay worker serves database \"{here}\": feature_outbox.database is \"{served}\""));
@@ -286,7 +290,7 @@ fn standby_databases(configured: i32) -> Vec<DatabaseRow> {
     if configured == 0 {
         return Vec::new(); // as on a primary: relay_workers = 0 serves no database
     }
-    let here = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId)) }.to_string_lossy().into_owned();
+    let here = current_database();
     let served = Served::now();
     databases::scan()
         .into_iter()
