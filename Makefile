@@ -86,6 +86,7 @@ bench-ab: setup
 ## (pg_test/test_prometheus.py, about 15 minutes).
 faults: install-test
 	$(VENV)/bin/python pg_test/faults.py
+	$(VENV)/bin/python pg_test/failover_drills.py 10
 	FEATURE_OUTBOX_ALERTS_FULL=1 bash pg_test/run.sh pg_test/test_prometheus.py
 
 ## package: dist/postgresql-$(PG)-feature-outbox_<version>-1_amd64.deb, built in that major's root

@@ -15,7 +15,9 @@
 #   7. bench/kafka_bench.py: the Kafka sink beside a bare rdkafka producer on the same broker (tansu),
 #      and commit-to-acknowledgement latency at 1,000 county edits/s, section 11;
 #   8. bench/tile_cache_bench.py: commit to purge acknowledged at 200 edits/s, Varnish in front of
-#      Martin, on the database's clock and by a polling client, section 12.
+#      Martin, on the database's clock and by a polling client, section 12;
+#   9. bench/standby_bench.py: the standby gate's latency and drain beside no gate and beside
+#      synchronous_commit = on, section 13.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
@@ -29,3 +31,4 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 10. Tile expiry: the edit path and the relay with an expire output, and the cover rate\n\n'; "$PY" bench/tiles_bench.py; } | tee -a "$OUT"
 { printf '\n## 11. Kafka: the relay beside a bare producer on one broker, and commit-to-acknowledgement latency\n\n'; "$PY" bench/kafka_bench.py; } | tee -a "$OUT"
 { printf '\n## 12. Tile caches: commit to purge at 200 edits/s\n\n'; "$PY" bench/tile_cache_bench.py; } | tee -a "$OUT"
+{ printf '\n## 13. The standby gate: latency and drain with a local standby named in feature_outbox.standby_slots\n\n'; "$PY" bench/standby_bench.py; } | tee -a "$OUT"

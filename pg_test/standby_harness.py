@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -28,12 +29,17 @@ def start_standby(directory: Path, port: int) -> Cluster:
     return c
 
 
-def make_standby(primary: Cluster, directory: Path) -> Cluster:
-    """A streaming standby of `primary` in `directory`, started and caught up."""
+def make_standby(primary: Cluster, directory: Path, slot: str | None = None, name: str | None = None) -> Cluster:
+    """A streaming standby of `primary` in `directory`, started and caught up; streaming from the
+    physical replication `slot` (which must exist) when given, and connecting as `name`
+    (cluster_name, its walreceiver's application_name, as synchronous_standby_names names it)."""
     shutil.rmtree(directory, ignore_errors=True)
     subprocess.run(["install", "-d", "-o", "postgres", "-g", "postgres", "-m", "0700", str(directory)], check=True)
     as_postgres(str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-                "-D", str(directory / "data"), "-R", "-X", "stream", "--checkpoint=fast")
+                "-D", str(directory / "data"), "-R", "-X", "stream", "--checkpoint=fast", *(["-S", slot] if slot else []))
+    if name:
+        with open(directory / "data" / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"\ncluster_name = '{name}'\n")
     standby = start_standby(directory, free_port())
     wait_replayed(primary, standby)
     return standby
@@ -60,3 +66,24 @@ def wait_replayed(primary: Cluster, standby: Cluster) -> None:
         with standby.connect() as conn:
             return conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()[0]
     wait_for(replayed, 20, "the standby to replay")
+
+
+def walreceiver_pid(standby: Cluster) -> int:
+    """The standby's walreceiver process, once it streams."""
+    def pid():
+        with standby.connect() as conn:
+            row = conn.execute("SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'").fetchone()
+        return row and row[0]
+    return wait_for(pid, 20, "the walreceiver to stream")
+
+
+def kill_tree(c: Cluster) -> None:
+    """Kills the cluster's postmaster and every process of it with SIGKILL at once: a lost node."""
+    postmaster = int((c.dir / "data" / "postmaster.pid").read_text().split()[0])
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    os.kill(postmaster, signal.SIGKILL)
+    for child in children:
+        try:
+            os.kill(int(child), signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -39,8 +39,13 @@ case "$cmd" in
     as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
   stop)
-    # A postmaster killed outright (a failover drill) leaves its pid file: nothing to stop.
-    if [ -f "$dir/data/postmaster.pid" ] && [ ! -d "/proc/$(head -1 "$dir/data/postmaster.pid")" ]; then
+    # A postmaster killed outright (a failover drill) leaves its pid file: nothing to stop. A zombie
+    # counts as gone: where no init reaps orphans, a killed postmaster stays one.
+    state=""
+    if [ -f "$dir/data/postmaster.pid" ]; then
+      state=$(awk '/^State:/ { print $2 }' "/proc/$(head -1 "$dir/data/postmaster.pid")/status" 2>/dev/null || true)
+    fi
+    if [ -f "$dir/data/postmaster.pid" ] && { [ -z "$state" ] || [ "$state" = Z ]; }; then
       $SUDO rm -f "$dir/data/postmaster.pid"
     fi
     if [ -f "$dir/data/postmaster.pid" ]; then

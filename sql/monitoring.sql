@@ -57,9 +57,12 @@ SELECT u.unpublished_rows,
 COMMENT ON VIEW backlog IS 'Unpublished outbox rows, the age of the oldest, failing and parked rows, relay health.';
 
 CREATE OR REPLACE VIEW workers AS
-SELECT worker, pid, state, relayed_rows, duplicate_acks, failed_attempts, last_active_at, last_error, last_error_at,
-       sink_up, sink_errors, sink_last_success_at
-  FROM _relay_workers();
+SELECT w.worker, w.pid, w.state, w.relayed_rows, w.duplicate_acks, w.failed_attempts, w.last_active_at, w.last_error,
+       w.last_error_at, w.sink_up, w.sink_errors, w.sink_last_success_at,
+       -- 0.5.0: the standby gate (feature_outbox.standby_slots, wait_for_synchronous_standbys).
+       g.standby_waiting_on, g.standby_wait_bytes, g.standby_wait_seconds, g.standby_held_batches,
+       g.standby_unconfirmed_batches
+  FROM _relay_workers() w LEFT JOIN _relay_standby_gate() g ON g.worker = w.worker;
 COMMENT ON VIEW workers IS 'One row per relay background worker serving this database; counters since server start.';
 
 -- Prometheus exposition text (version 0.0.4): the guide's metrics and the relay's health.
@@ -117,6 +120,31 @@ AS $$
         (SELECT string_agg(format('outbox_sink_last_success_timestamp_seconds{%s,worker="%s"} %s', l.db, w.worker,
                                   round(extract(epoch FROM w.sink_last_success_at), 3)), E'\n' ORDER BY w.worker)
            FROM _relay_workers() w WHERE w.sink_last_success_at IS NOT NULL AND w.sink_up IS NOT NULL),
+        -- The standby gate per relay worker (0.5.0): what a batch waits for, and since when; the
+        -- gauges are 0 while nothing waits, so a rule sees a wait end. None on a standby.
+        '# HELP outbox_standby_wait_bytes Bytes of WAL the standby a worker''s batch waits on still lacks; 0 when none waits, -1 while that standby cannot confirm at all (its slot missing, logical or invalidated, or not connected).',
+        '# TYPE outbox_standby_wait_bytes gauge',
+        (SELECT string_agg(format('outbox_standby_wait_bytes{%s,worker="%s"} %s', l.db, g.worker,
+                                  CASE WHEN g.standby_waiting_on IS NULL THEN 0 ELSE coalesce(g.standby_wait_bytes, -1) END), E'\n' ORDER BY g.worker)
+           FROM _relay_standby_gate() g WHERE g.standby_held_batches IS NOT NULL),
+        '# HELP outbox_standby_waiting_on 1 for the standby a worker''s batch waits on ("slot <name>" or "standby <application_name>"); no sample while none waits.',
+        '# TYPE outbox_standby_waiting_on gauge',
+        (SELECT string_agg(format('outbox_standby_waiting_on{%s,worker="%s",standby="%s"} 1', l.db, g.worker,
+                                  replace(replace(g.standby_waiting_on, E'\\', E'\\\\'), '"', E'\\"')), E'\n' ORDER BY g.worker)
+           FROM _relay_standby_gate() g WHERE g.standby_waiting_on IS NOT NULL),
+        '# HELP outbox_standby_wait_seconds How long the worker''s current batch has waited for standbys to confirm its WAL; 0 when none waits.',
+        '# TYPE outbox_standby_wait_seconds gauge',
+        (SELECT string_agg(format('outbox_standby_wait_seconds{%s,worker="%s"} %s', l.db, g.worker,
+                                  round(coalesce(g.standby_wait_seconds, 0)::numeric, 3)), E'\n' ORDER BY g.worker)
+           FROM _relay_standby_gate() g WHERE g.standby_held_batches IS NOT NULL),
+        '# HELP outbox_standby_held_batches_total Batches and tile chunks that waited for standbys to confirm their WAL, since server start.',
+        '# TYPE outbox_standby_held_batches_total counter',
+        (SELECT string_agg(format('outbox_standby_held_batches_total{%s,worker="%s"} %s', l.db, g.worker, g.standby_held_batches), E'\n' ORDER BY g.worker)
+           FROM _relay_standby_gate() g WHERE g.standby_held_batches IS NOT NULL),
+        '# HELP outbox_standby_unconfirmed_batches_total Batches and tile chunks published unconfirmed by a standby after feature_outbox.standby_wait_timeout, since server start.',
+        '# TYPE outbox_standby_unconfirmed_batches_total counter',
+        (SELECT string_agg(format('outbox_standby_unconfirmed_batches_total{%s,worker="%s"} %s', l.db, g.worker, g.standby_unconfirmed_batches), E'\n' ORDER BY g.worker)
+           FROM _relay_standby_gate() g WHERE g.standby_held_batches IS NOT NULL),
         -- Expire outputs (0.4.0, sql/tiles.sql): one sample per output (and zoom); none without outputs.
         '# HELP outbox_expire_tiles_total Tiles an expire output delivered, by zoom (each batch''s tiles merged first).',
         '# TYPE outbox_expire_tiles_total counter',
@@ -147,7 +175,7 @@ AS $$
            LATERAL (SELECT format('database="%s"',
                                   replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
-COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, outbox_server_in_recovery, outbox_relay_workers_configured, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, and per expire output outbox_expire_*.';
+COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, outbox_server_in_recovery, outbox_relay_workers_configured, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, outbox_standby_wait_bytes, outbox_standby_waiting_on, outbox_standby_wait_seconds, outbox_standby_held_batches_total, outbox_standby_unconfirmed_batches_total, and per expire output outbox_expire_*.';
 
 -- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
 -- for monitoring. Nothing in them is secret (errors never carry credentials).

@@ -117,6 +117,47 @@ fn _relay_workers() -> TableIterator<
     TableIterator::new(rows)
 }
 
+/// One row per relay worker serving this database: the standby gate's figures (0.5.0,
+/// relay/standby_gate.rs). While a batch waits: the standby it waits on ("slot <name>" or "standby
+/// <application_name>"), the bytes of WAL it lacks (NULL when it cannot confirm at all: its slot
+/// is missing, logical or invalidated, or it is not connected), and for how long. Batches (and tile
+/// chunks) that waited, and those published unconfirmed past feature_outbox.standby_wait_timeout,
+/// since server start. A standby's workers show none of it (NULL).
+#[pg_extern(stable, parallel_safe)]
+fn _relay_standby_gate() -> TableIterator<
+    'static,
+    (
+        name!(worker, i32),
+        name!(standby_waiting_on, Option<String>),
+        name!(standby_wait_bytes, Option<i64>),
+        name!(standby_wait_seconds, Option<f64>),
+        name!(standby_held_batches, Option<i64>),
+        name!(standby_unconfirmed_batches, Option<i64>),
+    ),
+> {
+    let standby = standby();
+    let now = crate::relay_state::now();
+    let rows = slots_here()
+        .map(|(slots, _)| slots)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(i, s)| {
+            let waiting = s.standby_waiting_on().filter(|_| !standby && s.pid != 0);
+            let waited = waiting.is_some().then(|| (now - s.standby_wait_since).max(0) as f64 / 1e6);
+            let bytes = waiting.as_ref().and_then(|_| (s.standby_wait_bytes >= 0).then_some(s.standby_wait_bytes));
+            (
+                i as i32,
+                waiting,
+                bytes,
+                waited,
+                (!standby).then_some(s.standby_held_batches),
+                (!standby).then_some(s.standby_unconfirmed_batches),
+            )
+        })
+        .collect::<Vec<_>>();
+    TableIterator::new(rows)
+}
+
 /// Why this database's rows wait for resolve_copy() (a worker holds it as a copy of another
 /// database, sql/identity.sql), or NULL when no worker does. From shared memory: the backlog view
 /// and metrics() read it without writing.

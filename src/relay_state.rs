@@ -33,6 +33,9 @@ pub enum WorkerState {
     /// The database's outbox came from another database (sql/identity.sql): its rows wait for
     /// resolve_copy().
     Held = 6,
+    /// A claimed batch waits until the standbys the settings name have confirmed its WAL
+    /// (relay/standby_gate.rs).
+    WaitingForStandby = 7,
 }
 
 impl WorkerState {
@@ -45,6 +48,7 @@ impl WorkerState {
             WorkerState::WaitingForUpdate => "waiting for ALTER EXTENSION UPDATE",
             WorkerState::Starting => "starting",
             WorkerState::Held => "held: copy of another database",
+            WorkerState::WaitingForStandby => "waiting for standby",
         }
     }
 }
@@ -80,6 +84,15 @@ pub struct Slot {
     /// When the sink last worked: a connect, an acknowledged batch, or an idle look that found it
     /// connected. 0: never.
     pub sink_ok_at: pg_sys::TimestampTz,
+    /// The standby gate (relay/standby_gate.rs): since when the current batch waits (0: it does
+    /// not), on which standby, how many bytes it lacks (-1: it cannot confirm at all).
+    pub standby_wait_since: pg_sys::TimestampTz,
+    pub standby_wait_on: [u8; NAME_LEN + 16],
+    pub standby_wait_bytes: i64,
+    /// Batches (and tile chunks) that had to wait for a standby, and those published unconfirmed
+    /// past feature_outbox.standby_wait_timeout, since server start.
+    pub standby_held_batches: i64,
+    pub standby_unconfirmed_batches: i64,
 }
 
 impl Default for Slot {
@@ -103,6 +116,11 @@ impl Default for Slot {
             sink_up: false,
             sink_errors: 0,
             sink_ok_at: 0,
+            standby_wait_since: 0,
+            standby_wait_on: [0; NAME_LEN + 16],
+            standby_wait_bytes: 0,
+            standby_held_batches: 0,
+            standby_unconfirmed_batches: 0,
         }
     }
 }
@@ -126,6 +144,15 @@ fn write_text(buf: &mut [u8], text: &str) {
 impl Slot {
     pub fn error_text(&self) -> Option<String> {
         read_text(&self.last_error)
+    }
+
+    /// The standby the current batch waits on, while it waits.
+    pub fn standby_waiting_on(&self) -> Option<String> {
+        (self.standby_wait_since != 0).then(|| read_text(&self.standby_wait_on).unwrap_or_default())
+    }
+
+    pub fn set_standby_waiting_on(&mut self, name: &str) {
+        write_text(&mut self.standby_wait_on, name);
     }
 
     pub fn set_error(&mut self, text: &str, at: pg_sys::TimestampTz) {

@@ -106,6 +106,9 @@ pub static KAFKA_SECURITY_PROTOCOL: GucSetting<KafkaSecurity> = GucSetting::<Kaf
 pub static KAFKA_SASL_MECHANISM: GucSetting<KafkaSaslMechanism> = GucSetting::<KafkaSaslMechanism>::new(KafkaSaslMechanism::Plain);
 pub static KAFKA_SASL_USERNAME: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static KAFKA_SASL_PASSWORD_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static STANDBY_SLOTS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static WAIT_FOR_SYNCHRONOUS_STANDBYS: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static STANDBY_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static CACHE_SECRET_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// Defines every setting. Postmaster-context ones only while preloading, where defining them is legal.
@@ -236,6 +239,7 @@ pub fn init() {
     sighup(c"feature_outbox.http_batch", c"Events per webhook request; above 1 the body is a JSON array (CloudEvents batch format under the cloudevents envelope).", &HTTP_BATCH, 1, 10_000, GucFlags::default());
     sighup(c"feature_outbox.kafka_partitions", c"Partitions of each Kafka topic the relay creates.", &KAFKA_PARTITIONS, 1, 100_000, GucFlags::default());
     sighup(c"feature_outbox.kafka_replication_factor", c"Replication factor of each Kafka topic the relay creates; -1 takes the broker's default.", &KAFKA_REPLICATION_FACTOR, -1, 100, GucFlags::default());
+    standby_gate();
     sighup(c"feature_outbox.http_max_body", c"Largest webhook body; a larger event is parked at once.", &HTTP_MAX_BODY_KB, 1, 1024 * 1024, GucFlags::UNIT_KB);
     // The sink settings are superuser-settable (Suset), so that ALTER DATABASE ... SET can give each
     // database its own; the relay workers read them when they connect and on reload.
@@ -407,6 +411,48 @@ unsafe fn check_string(newval: *mut *mut std::ffi::c_char, check: impl FnOnce(&s
     let detail = CString::new(detail).unwrap_or_default();
     unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
     false
+}
+
+/// The standby gate's settings (relay/standby_gate.rs), reload-level: one value for the server,
+/// set once for every member of an HA cluster (Patroni's dynamic configuration).
+fn standby_gate() {
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"feature_outbox.standby_slots",
+            c"Physical replication slots whose standbys must confirm a batch's WAL before the relay publishes it; empty for none.",
+            c"Comma-separated slot names, as synchronized_standby_slots. Editors never wait; a missing, logical or invalidated slot is waited for and reported.",
+            &STANDBY_SLOTS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_standby_slots),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_bool_guc(
+        c"feature_outbox.wait_for_synchronous_standbys",
+        c"Whether the relay publishes a batch only after every standby named in synchronous_standby_names confirmed its WAL.",
+        c"For Patroni's synchronous_mode with synchronous_commit = local: the relay waits, editors do not.",
+        &WAIT_FOR_SYNCHRONOUS_STANDBYS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"feature_outbox.standby_wait_timeout",
+        c"How long a batch waits for standbys before it is published unconfirmed, with a WARNING; 0 waits as long as it takes.",
+        c"",
+        &STANDBY_WAIT_TIMEOUT_MS,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+}
+
+/// Refuses a slot list PostgreSQL could not name slots by, when it is set (22023).
+#[pg_guard]
+unsafe extern "C-unwind" fn check_standby_slots(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_string(newval, |v| crate::relay::parse_slot_list(v).map(|_| ())) }
 }
 
 /// Refuses a resolution list that is not strictly ascending 0–15 when it is set (22023).

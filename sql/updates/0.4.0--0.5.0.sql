@@ -4,7 +4,8 @@
 -- a re-run body cannot replace (a changed signature or return type, a view's changed columns, and
 -- what depends on them), and column defaults put back after such a drop. Never a function body.
 
--- Nothing yet: 0.5.0's changes so far (metrics() on a standby, its two new series, the function
--- _relay_workers_configured(), the column relay_workers_configured appended to backlog and
--- backlog_by_layer) are bodies, a new function and views that CREATE OR REPLACE VIEW extends at
--- their end, all of which the generated part carries.
+-- Nothing yet: 0.5.0's changes so far (metrics() on a standby, its new series, the functions
+-- _relay_workers_configured() and _relay_standby_gate(), the column relay_workers_configured
+-- appended to backlog and backlog_by_layer, the standby gate's columns appended to workers) are
+-- bodies, new functions and views that CREATE OR REPLACE VIEW extends at their end, all of which
+-- the generated part carries.

@@ -10,6 +10,7 @@ use super::mark::{Published, mark};
 use super::pipeline::{Pipeline, Taken};
 use super::publish::publish;
 use super::slot::WorkerSlot;
+use super::standby_gate;
 use super::transaction::in_transaction_try;
 use crate::relay_state::WorkerState;
 use crate::settings;
@@ -34,6 +35,10 @@ pub fn run(me: &WorkerSlot, sink: &mut dyn Sink, pipeline: &mut Pipeline) -> Res
                 return Ok((Published::default(), None));
             }
             me.set_state(WorkerState::Publishing);
+            // Nothing goes out before the standbys the settings name have the batch's edits
+            // (standby_gate.rs): a standby that lags lets the batch go, to be waited for outside
+            // this transaction and claimed again.
+            standby_gate::check(me, client, standby_gate::read_position(client)?, &format!("a batch of {} rows", batch.rows.len()))?;
             // Claim, read and encode the next batch while this one is in flight (JetStream's
             // PubAcks, HTTP's requests). It is read from the low-water mark, without this batch's
             // rows and without locks (claim.rs), and locked by the next transaction. A feature's
@@ -41,10 +46,12 @@ pub fn run(me: &WorkerSlot, sink: &mut dyn Sink, pipeline: &mut Pipeline) -> Res
             // before this batch's mark (pipeline.rs); the others in the next transaction.
             let full = batch.rows.len() as i64 >= limit;
             let mut next = Ok(None);
+            let mut next_read_at = None;
             let ahead = batch.ahead.take();
             let outcomes = publish(sink, &batch, ahead, || {
                 if full {
                     next = pipeline.read_ahead(client, limit, index, workers, &batch);
+                    next_read_at = standby_gate::read_position(client).unwrap_or(Some(u64::MAX));
                 }
             });
             let next = next.unwrap_or_else(|e| {
@@ -58,7 +65,11 @@ pub fn run(me: &WorkerSlot, sink: &mut dyn Sink, pipeline: &mut Pipeline) -> Res
             let mut next = if sink_failed { None } else { next.map(|n| n.after(&batch.rows, &outcomes)) };
             // The next batch goes out now where the sink can send ahead, and the sink takes it in
             // while this one is marked and committed.
-            if let Some(next) = next.as_mut() {
+            // The standbys must have the batch read ahead too; if they do not yet, it goes out
+            // in its own transaction, which waits for them.
+            if let Some(next) = next.as_mut()
+                && standby_gate::confirmed(client, next_read_at)
+            {
                 next.send_ahead(sink);
             }
             Ok((mark(client, &batch.rows, &outcomes)?, next))

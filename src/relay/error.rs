@@ -24,6 +24,12 @@ pub enum RelayError {
     /// An expire output's destination refused the chunk (a cache's other 4xx): its edits count a
     /// failure, and are parked after feature_outbox.max_attempts.
     DestinationRefused(String),
+    /// SIGTERM arrived while a batch waited (for a standby): nothing of it went out; the worker ends.
+    Stopping,
+    /// The standbys the settings name have not confirmed the batch's WAL position yet
+    /// (relay/standby_gate.rs): nothing of it went out; the worker lets it go, waits outside any
+    /// transaction, and claims again.
+    StandbyBehind(u64),
 }
 
 impl RelayError {
@@ -40,6 +46,8 @@ impl fmt::Display for RelayError {
             | RelayError::Destination(reason)
             | RelayError::DestinationBusy { reason, .. }
             | RelayError::DestinationRefused(reason) => f.write_str(reason),
+            RelayError::Stopping => f.write_str("the relay worker is stopping"),
+            RelayError::StandbyBehind(lsn) => write!(f, "waiting for standbys to confirm WAL position {:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff),
             RelayError::SchemaBehind { schema, library } => write!(
                 f,
                 "the schema is at version {schema} and the library at {library}; waiting for ALTER EXTENSION feature_outbox UPDATE"

@@ -89,6 +89,9 @@ struct InFlight {
     output: Output,
     ids: Vec<i64>,
     work: Work,
+    /// Where WAL ended when the chunk was read: its tiles go out once the standbys the settings
+    /// name have confirmed it (standby_gate.rs). None when no standby is named.
+    read_at: Option<super::standby_gate::Lsn>,
 }
 
 enum Work {
@@ -163,9 +166,15 @@ impl ExpireStep {
                 more = true;
                 continue;
             }
-            // The chunk in flight, unless the output was redefined since it was read.
+            // The chunk in flight, unless the output was redefined since it was read; delivered
+            // once the standbys the settings name have its edits, waited for outside a transaction.
             let ready = self.in_flight.remove(&output.name).filter(|f| f.output == output);
-            let ready = match ready.map(|f| f.work.join().map(|c| (f.ids, c))).transpose() {
+            if let Some(target) = ready.as_ref().and_then(|f| f.read_at)
+                && !super::standby_gate::wait_outside(me, target)
+            {
+                return false;
+            }
+            let ready = match ready.map(|f| f.work.join().map(|c| (f.ids, c, f.read_at))).transpose() {
                 Ok(r) => r,
                 Err(e) => {
                     self.failed(me, &output, e, &[]);
@@ -173,7 +182,7 @@ impl ExpireStep {
                 }
             };
             // The edits a refusal counts against (past the chunk's tile cap they stay for later).
-            let chunk: Vec<i64> = ready.as_ref().map(|(ids, c)| ids[..c.taken.min(ids.len())].to_vec()).unwrap_or_default();
+            let chunk: Vec<i64> = ready.as_ref().map(|(ids, c, _)| ids[..c.taken.min(ids.len())].to_vec()).unwrap_or_default();
             let (poster, purger) = (&mut self.poster, &mut self.purger);
             let result = in_transaction_or_abort(|| {
                 Spi::connect_mut(|client| {
@@ -196,6 +205,9 @@ impl ExpireStep {
                         self.in_flight.insert(output.name.clone(), next);
                     }
                 }
+                Err(RelayError::Stopping) => return false,
+                // Behind again since the wait above: the chunk is read and delivered afresh.
+                Err(RelayError::StandbyBehind(_)) => {}
                 Err(e) => self.failed(me, &output, e, &chunk),
             }
         }
@@ -308,24 +320,25 @@ fn step(
     poster: &mut Option<ListPoster>,
     purger: &mut Option<CachePurger>,
     me: &WorkerSlot,
-    ready: Option<(Vec<i64>, Computed)>,
+    ready: Option<(Vec<i64>, Computed, Option<super::standby_gate::Lsn>)>,
 ) -> Result<(Option<InFlight>, bool), RelayError> {
     let started = Instant::now();
     plan_for_index_walks(client)?;
-    let ready = ready.map(|(mut ids, c)| {
+    let ready = ready.map(|(mut ids, c, read_at)| {
         // Edits past the chunk's tile cap stay queued and are read again just below.
         ids.truncate(c.taken);
-        (ids, c)
+        (ids, c, read_at)
     });
-    if let Some((ids, _)) = &ready {
+    if let Some((ids, _, _)) = &ready {
         let done = prepared(client, DONE_SQL, &[pg_sys::TEXTOID, pg_sys::INT8ARRAYOID], true);
         client.update(&*done, None, &[output.name.as_str().into(), ids.clone().into()])?;
     }
     let next = read(client, output, me)?;
     let read_at = started.elapsed();
-    let Some((ids, c)) = ready else {
+    let Some((ids, c, wal_read_at)) = ready else {
         return Ok((next, false));
     };
+    super::standby_gate::check(me, client, wal_read_at, &format!("the tiles of {} edits (expire output {})", ids.len(), output.name))?;
     for note in &c.notes {
         log!("{}: {note}", me.tag);
     }
@@ -404,7 +417,8 @@ fn read(client: &mut SpiClient<'_>, output: &Output, me: &WorkerSlot) -> Result<
         // No thread to be had: the math here and now.
         Err(_) => Work::Done(expire_math::compute(&rows, output.zooms, &output.name)),
     };
-    Ok(Some(InFlight { output: output.clone(), ids, work }))
+    let read_at = super::standby_gate::read_position(client)?;
+    Ok(Some(InFlight { output: output.clone(), ids, work, read_at }))
 }
 
 /// Delivers one chunk's tiles to each destination of the output; returns the lists sent and the

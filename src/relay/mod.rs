@@ -7,6 +7,7 @@
 //! - pipeline.rs: the send-ahead pipeline and the per-feature ordering rule; claim.rs the claim;
 //! - housekeeping.rs: worker 0's periodic jobs; low_water.rs the claim's low-water mark;
 //! - connection.rs: the sink (sinks/) and its backoff; schema.rs, retries.rs: when to wait;
+//! - standby_gate.rs: publish only what the standbys the settings name have confirmed;
 //! - error.rs: RelayError; transaction.rs: the worker's own transactions; slot.rs: its shared
 //!   memory; fault_points.rs: test builds' entry points.
 
@@ -18,6 +19,7 @@ use pgrx::prelude::*;
 
 use crate::relay_state::{MAX_SLOTS, RELAY, WorkerState};
 use crate::settings;
+pub use standby_gate::parse_slot_list;
 use slot::{WorkerSlot, update_slot};
 use worker::Worker;
 
@@ -36,6 +38,7 @@ mod publish;
 mod retries;
 mod schema;
 mod slot;
+mod standby_gate;
 mod transaction;
 mod worker;
 

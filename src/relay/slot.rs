@@ -1,6 +1,7 @@
 //! This worker's slot in shared memory, where the monitoring views read its state and figures.
 
 use super::mark::Published;
+use super::standby_gate::Holdup;
 use crate::relay_state::{RELAY, Slot, WorkerState, now};
 
 pub fn update_slot(index: usize, f: impl FnOnce(&mut Slot)) {
@@ -75,5 +76,36 @@ impl WorkerSlot {
         if let Some(e) = &p.row_error {
             self.record_error(e);
         }
+    }
+
+    /// A batch begins to wait for a standby (standby_gate.rs).
+    pub fn standby_wait_began(&self) {
+        let at = now();
+        update_slot(self.slot, |s| {
+            s.standby_wait_since = at;
+            s.standby_held_batches += 1;
+            s.state = WorkerState::WaitingForStandby;
+        });
+    }
+
+    /// What the waiting batch waits on now.
+    pub fn standby_waiting(&self, holdup: &Holdup) {
+        update_slot(self.slot, |s| {
+            s.set_standby_waiting_on(&holdup.standby);
+            s.standby_wait_bytes = holdup.bytes.map_or(-1, |b| b.min(i64::MAX as u64) as i64);
+        });
+    }
+
+    /// The wait is over: confirmed, or `unconfirmed` (past standby_wait_timeout), or SIGTERM.
+    pub fn standby_wait_ended(&self, unconfirmed: bool) {
+        update_slot(self.slot, |s| {
+            s.standby_wait_since = 0;
+            s.standby_wait_bytes = 0;
+            s.set_standby_waiting_on("");
+            s.standby_unconfirmed_batches += unconfirmed as i64;
+            if s.state == WorkerState::WaitingForStandby {
+                s.state = WorkerState::Publishing;
+            }
+        });
     }
 }

@@ -15,6 +15,7 @@ use super::pipeline::Pipeline;
 use super::retries::Retries;
 use super::schema::SchemaCheck;
 use super::slot::WorkerSlot;
+use super::standby_gate;
 use super::{poll_interval, reload_if_asked, stopping};
 use crate::relay_state::WorkerState;
 
@@ -94,6 +95,14 @@ impl Worker {
             match end {
                 Ok(BatchEnd::More) => continue,
                 Ok(BatchEnd::Drained) => break,
+                Err(RelayError::Stopping) => return Next::Stop,
+                Err(RelayError::StandbyBehind(target)) => {
+                    // Nothing of the batch went out; what was read ahead is read again after the wait.
+                    self.pipeline.discard();
+                    if !standby_gate::wait_outside(&self.me, target) {
+                        return Next::Stop;
+                    }
+                }
                 Err(RelayError::SinkDown { reason, retry_after }) => {
                     // A batch read ahead waits for no backoff: the claim after it reads it afresh.
                     self.pipeline.discard();

@@ -1,0 +1,184 @@
+"""Nothing invented across a failover (issue 54): feature_outbox.standby_slots and
+wait_for_synchronous_standbys hold a batch until the named standbys have its WAL, editors never
+wait, an operator sees the wait, and standby_wait_timeout trades it for availability. The drill
+(failover_drills.py) once with the gate and once without; make faults runs it 10 times."""
+
+import os
+import random
+import re
+import signal
+import time
+
+import psycopg
+import pytest
+
+from conftest import RUN_DIR, Cluster, free_port
+from failover_drills import DB, SLOT, Editors, drill, point
+from relay_harness import NatsServer, nats_fixture, wait_for
+from standby_harness import make_standby, walreceiver_pid
+
+nats_server = nats_fixture("nats-failover")
+
+
+def one(c: Cluster, sql: str, *args):
+    with c.connect(DB) as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        return conn.execute(sql, args).fetchone()
+
+
+def sample(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if re.match(rf"{name}{{", line)]
+
+
+def value(text: str, name: str) -> float:
+    lines = sample(text, name)
+    assert len(lines) == 1, (name, lines)
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+@pytest.fixture
+def pair(nats_server):
+    """A primary relaying to NATS with a standby streaming from slot replica1, named replica1."""
+    made = []
+    primary = Cluster(RUN_DIR / "gate-primary", free_port())
+    primary.start(f"feature_outbox.database = '{DB}'", f"feature_outbox.endpoint = '{nats_server.url}'",
+                  "feature_outbox.poll_interval = '500ms'", "feature_outbox.retry_backoff_max = '1s'",
+                  "wal_level = logical")  # for a logical slot named by mistake
+    made.append(primary)
+    primary.create_db(DB)
+    with primary.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (SLOT,))
+    standby = make_standby(primary, RUN_DIR / "gate-standby", slot=SLOT, name=SLOT)
+    made.append(standby)
+    yield primary, standby
+    for c in made:
+        c.stop()
+
+
+def set_system(c: Cluster, **settings) -> None:
+    with c.connect() as conn:
+        for name, v in settings.items():
+            if v is None:
+                conn.execute(f"ALTER SYSTEM RESET {name}")
+            else:
+                conn.execute(f"ALTER SYSTEM SET {name} = '{v}'")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def received_ids(nats: NatsServer) -> set[str]:
+    return {m["event"]["event_id"] for m in nats.messages()}
+
+
+def edit(c: Cluster, feature: int, step: int) -> tuple[str, float]:
+    """One edit in its own transaction: its event_id and how long the commit took (s)."""
+    with c.connect(DB) as conn:
+        started = time.monotonic()
+        conn.execute("SELECT feature_outbox.edit_feature(%s, %s, 'created')", (feature, point(feature, step)))
+        took = time.monotonic() - started
+        event_id = conn.execute("SELECT event_id::text FROM feature_outbox.outbox WHERE feature_id = %s ORDER BY id DESC LIMIT 1",
+                                (feature,)).fetchone()[0]
+    return event_id, took
+
+
+@pytest.mark.parametrize("mode", ["standby_slots", "wait_for_synchronous_standbys"])
+def test_a_batch_waits_for_the_standby_and_editors_do_not(pair, nats_server, mode):
+    primary, standby = pair
+    if mode == "standby_slots":
+        set_system(primary, **{"feature_outbox.standby_slots": SLOT})
+        waits_on = f"slot {SLOT}"
+    else:
+        # Patroni's synchronous_mode with synchronous_commit = local: the relay waits, editors do not.
+        set_system(primary, **{"synchronous_standby_names": f'"{SLOT}"', "synchronous_commit": "local",
+                               "feature_outbox.wait_for_synchronous_standbys": "on"})
+        waits_on = f"standby {SLOT}"
+    first, _ = edit(primary, 1, 1)
+    wait_for(lambda: first in received_ids(nats_server), 10, "the first event")
+
+    receiver = walreceiver_pid(standby)
+    os.kill(receiver, signal.SIGSTOP)
+    try:
+        held = [edit(primary, f, 2) for f in range(2, 7)]
+        assert max(took for _, took in held) < 0.5, f"an editor waited: {held}"
+        time.sleep(1.5)
+        assert not {e for e, _ in held} & received_ids(nats_server), "an event went out before the standby had its edit"
+        w = one(primary, "SELECT state, standby_waiting_on, standby_wait_bytes, standby_wait_seconds, standby_held_batches FROM feature_outbox.workers")
+        assert (w["state"], w["standby_waiting_on"]) == ("waiting for standby", waits_on), w
+        assert w["standby_wait_bytes"] > 0 and w["standby_wait_seconds"] >= 1.0 and w["standby_held_batches"] >= 1, w
+        m = one(primary, "SELECT feature_outbox.metrics() AS m")["m"]
+        assert value(m, "outbox_standby_wait_bytes") > 0 and value(m, "outbox_standby_wait_seconds") >= 1.0
+        assert sample(m, "outbox_standby_waiting_on") == [f'outbox_standby_waiting_on{{database="{DB}",worker="0",standby="{waits_on}"}} 1']
+    finally:
+        os.kill(receiver, signal.SIGCONT)
+    resumed = time.monotonic()
+    wait_for(lambda: {e for e, _ in held} <= received_ids(nats_server), 10, "the held events after the standby's return")
+    print(f"\nheld events out {time.monotonic() - resumed:.2f} s after the walreceiver resumed")
+    w = one(primary, "SELECT state, standby_waiting_on, standby_unconfirmed_batches FROM feature_outbox.workers")
+    assert w["standby_waiting_on"] is None and w["standby_unconfirmed_batches"] == 0, w
+    m = one(primary, "SELECT feature_outbox.metrics() AS m")["m"]
+    assert value(m, "outbox_standby_wait_bytes") == 0 and sample(m, "outbox_standby_waiting_on") == []
+
+
+def test_a_slot_that_cannot_confirm_is_waited_for_and_said(pair, nats_server):
+    primary, _ = pair
+    set_system(primary, **{"feature_outbox.standby_slots": f"{SLOT}, nosuch"})
+    event, _ = edit(primary, 1, 1)
+    wait_for(lambda: one(primary, "SELECT standby_waiting_on FROM feature_outbox.workers")["standby_waiting_on"] == "slot nosuch",
+             10, "the worker to wait on the missing slot")
+    b = one(primary, "SELECT relay_last_error FROM feature_outbox.backlog")
+    assert b["relay_last_error"] == 'waiting for standby: replication slot "nosuch" does not exist', b
+    assert event not in received_ids(nats_server)
+    m = one(primary, "SELECT feature_outbox.metrics() AS m")["m"]
+    assert value(m, "outbox_standby_wait_bytes") == -1
+    assert 'replication slot "nosuch" does not exist' in primary.log()
+
+    # A logical slot is not a standby's.
+    with primary.connect(DB) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('nosuch', 'pgoutput')")
+    wait_for(lambda: "logical slot" in (one(primary, "SELECT relay_last_error FROM feature_outbox.backlog")["relay_last_error"] or ""),
+             10, "the logical slot to be named")
+    assert event not in received_ids(nats_server)
+
+    # Availability chosen: past standby_wait_timeout the batch goes out, with a WARNING, counted.
+    set_system(primary, **{"feature_outbox.standby_wait_timeout": "300ms"})
+    wait_for(lambda: event in received_ids(nats_server), 10, "the event published unconfirmed")
+    w = one(primary, "SELECT standby_unconfirmed_batches FROM feature_outbox.workers")
+    assert w["standby_unconfirmed_batches"] >= 1
+    assert "unconfirmed by slot nosuch" in primary.log() and "WARNING" in primary.log()
+    m = one(primary, "SELECT feature_outbox.metrics() AS m")["m"]
+    assert value(m, "outbox_standby_unconfirmed_batches_total") >= 1
+
+    # Taken out of the list: confirmed again at once.
+    with primary.connect(DB) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('nosuch')")
+    set_system(primary, **{"feature_outbox.standby_slots": SLOT, "feature_outbox.standby_wait_timeout": None})
+    second, _ = edit(primary, 2, 1)
+    wait_for(lambda: second in received_ids(nats_server), 10, "the next event")
+
+
+def test_a_slot_list_postgres_could_not_name_is_refused(pair):
+    primary, _ = pair
+    with primary.connect() as conn:
+        for bad in ("Replica1", "a,,b", "a-b", "replica1, replica1"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue):
+                conn.execute(f"ALTER SYSTEM SET feature_outbox.standby_slots = '{bad}'")
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["standby_slots", "no_gate"])
+def test_failover_drill(gated):
+    """One run of the drill: with the gate nothing invented, doubled or lost; without it, the events
+    of the edits the standby never got are invented (what the gate prevents)."""
+    name = "gated" if gated else "open"
+    nats = NatsServer(RUN_DIR / f"drill-nats-{name}")  # a stream of its own: every message counts
+    nats.start()
+    try:
+        outcome = drill(nats, RUN_DIR / f"drill-{name}", gated, random.Random(54))
+    finally:
+        nats.stop()
+    print("\n" + outcome.line())
+    assert outcome.edits_before_kill > 200 and outcome.lost == 0 and outcome.content_mismatches == 0, outcome
+    assert outcome.promoted_to_published_s < 30, outcome
+    if gated:
+        assert (outcome.invented, outcome.double_versions) == (0, 0), outcome
+    else:
+        assert outcome.invented > 0, f"the ungated drill invented nothing: the pause did not bite ({outcome})"
