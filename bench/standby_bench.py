@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
 sys.path.insert(0, str(ROOT / "bench"))
 from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
-from relay_harness import NatsServer, wait_for  # noqa: E402
+from relay_harness import NatsServer, alter_system, wait_for  # noqa: E402
 from standby_harness import make_standby  # noqa: E402
 from results import DB, Subscriber, configure, load_counties, memory, paused, spread, worker_drain  # noqa: E402
 
@@ -70,13 +70,6 @@ def latency(c, server, counties, label, synchronous=False):
     return (pct(commit_ms, 0.5), pct(commit_ms, 0.99), pct(ms, 0.5), pct(ms, 0.99), max(ms), db[0], db[1])
 
 
-def set_system(c, **settings):
-    with c.connect() as conn:
-        for k, v in settings.items():
-            conn.execute(f"ALTER SYSTEM SET {k} = '{v}'")
-        conn.execute("SELECT pg_reload_conf()")
-
-
 def main():
     server = NatsServer(RUN_DIR / "standby-bench-nats")
     server.start()
@@ -99,13 +92,13 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
         rows = {}
         for label, gate, synchronous in (("open", "", False), ("gated", SLOT, False), ("sync", "", True)):
-            set_system(c, **{"feature_outbox.standby_slots": gate,
+            alter_system(c, {"feature_outbox.standby_slots": gate,
                              "synchronous_standby_names": f'"{SLOT}"' if synchronous else ""})
             r = latency(c, server, counties, label, synchronous)
             rows[label] = r
             name = {"open": "no gate", "gated": f"standby_slots = '{SLOT}'", "sync": "synchronous_commit = on, standby synchronous, no gate"}[label]
             print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in r[:4]) + f" | {r[4]:.1f} | {r[5]:.2f} | {r[6]:.2f} |")
-        set_system(c, **{"synchronous_standby_names": "", "feature_outbox.standby_slots": ""})
+        alter_system(c, {"synchronous_standby_names": "", "feature_outbox.standby_slots": ""})
         print()
         print(f"Gate minus no gate, commit → subscriber p99: {rows['gated'][3] - rows['open'][3]:+.2f} ms (target ≤ +1 ms); "
               f"database p99: {rows['gated'][6] - rows['open'][6]:+.2f} ms. Editors' commit p99: no gate {rows['open'][1]:.2f} ms, "
@@ -115,7 +108,7 @@ def main():
         rates = {"open": [], "gated": []}
         for i in range(REPEATS):
             for label, gate in (("open", ""), ("gated", SLOT)):
-                set_system(c, **{"feature_outbox.standby_slots": gate})
+                alter_system(c, {"feature_outbox.standby_slots": gate})
                 rates[label].append(worker_drain(c, server, 1300 + 2 * i + (label == "gated")))
         ratio = statistics.median(rates["gated"]) / statistics.median(rates["open"])
         print(f"Drain of {int(os.environ.get('BENCH_BACKLOG', '100000')):,} county events into JetStream, 1 worker (events/s):")

@@ -102,16 +102,21 @@ class NatsServer:
         return asyncio.run(read())
 
 
-def configure(c: Cluster, **settings) -> None:
-    """ALTER SYSTEM SET (None: RESET) each feature_outbox.<name>, then reload; the workers re-read
+def alter_system(c: Cluster, settings: dict) -> None:
+    """ALTER SYSTEM SET (None: RESET) each setting, by its full name, then reload; the workers re-read
     their settings on SIGHUP."""
     with c.connect() as conn:
         for name, value in settings.items():
             if value is None:
-                conn.execute(f"ALTER SYSTEM RESET feature_outbox.{name}")
+                conn.execute(f"ALTER SYSTEM RESET {name}")
             else:
-                conn.execute(f"ALTER SYSTEM SET feature_outbox.{name} = '{value}'")
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
         conn.execute("SELECT pg_reload_conf()")
+
+
+def configure(c: Cluster, **settings) -> None:
+    """alter_system of each feature_outbox.<name>."""
+    alter_system(c, {f"feature_outbox.{name}": value for name, value in settings.items()})
 
 
 def reconfigure(c: Cluster, **settings) -> None:

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from conftest import RUN_DIR, Cluster, free_port
-from failover_drills import DB, SLOT, Editors, drill, point
-from relay_harness import NatsServer, nats_fixture, wait_for
+from failover_drills import DB, SLOT, drill, point
+from relay_harness import NatsServer, alter_system, nats_fixture, wait_for
 from standby_harness import make_standby, walreceiver_pid
 
 nats_server = nats_fixture("nats-failover")
@@ -56,16 +56,6 @@ def pair(nats_server):
         c.stop()
 
 
-def set_system(c: Cluster, **settings) -> None:
-    with c.connect() as conn:
-        for name, v in settings.items():
-            if v is None:
-                conn.execute(f"ALTER SYSTEM RESET {name}")
-            else:
-                conn.execute(f"ALTER SYSTEM SET {name} = '{v}'")
-        conn.execute("SELECT pg_reload_conf()")
-
-
 def received_ids(nats: NatsServer) -> set[str]:
     return {m["event"]["event_id"] for m in nats.messages()}
 
@@ -85,11 +75,11 @@ def edit(c: Cluster, feature: int, step: int) -> tuple[str, float]:
 def test_a_batch_waits_for_the_standby_and_editors_do_not(pair, nats_server, mode):
     primary, standby = pair
     if mode == "standby_slots":
-        set_system(primary, **{"feature_outbox.standby_slots": SLOT})
+        alter_system(primary, {"feature_outbox.standby_slots": SLOT})
         waits_on = f"slot {SLOT}"
     else:
         # Patroni's synchronous_mode with synchronous_commit = local: the relay waits, editors do not.
-        set_system(primary, **{"synchronous_standby_names": f'"{SLOT}"', "synchronous_commit": "local",
+        alter_system(primary, {"synchronous_standby_names": f'"{SLOT}"', "synchronous_commit": "local",
                                "feature_outbox.wait_for_synchronous_standbys": "on"})
         waits_on = f"standby {SLOT}"
     first, _ = edit(primary, 1, 1)
@@ -121,7 +111,7 @@ def test_a_batch_waits_for_the_standby_and_editors_do_not(pair, nats_server, mod
 
 def test_a_slot_that_cannot_confirm_is_waited_for_and_said(pair, nats_server):
     primary, _ = pair
-    set_system(primary, **{"feature_outbox.standby_slots": f"{SLOT}, nosuch"})
+    alter_system(primary, {"feature_outbox.standby_slots": f"{SLOT}, nosuch"})
     event, _ = edit(primary, 1, 1)
     wait_for(lambda: one(primary, "SELECT standby_waiting_on FROM feature_outbox.workers")["standby_waiting_on"] == "slot nosuch",
              10, "the worker to wait on the missing slot")
@@ -140,7 +130,7 @@ def test_a_slot_that_cannot_confirm_is_waited_for_and_said(pair, nats_server):
     assert event not in received_ids(nats_server)
 
     # Availability chosen: past standby_wait_timeout the batch goes out, with a WARNING, counted.
-    set_system(primary, **{"feature_outbox.standby_wait_timeout": "300ms"})
+    alter_system(primary, {"feature_outbox.standby_wait_timeout": "300ms"})
     wait_for(lambda: event in received_ids(nats_server), 10, "the event published unconfirmed")
     w = one(primary, "SELECT standby_unconfirmed_batches FROM feature_outbox.workers")
     assert w["standby_unconfirmed_batches"] >= 1
@@ -151,7 +141,7 @@ def test_a_slot_that_cannot_confirm_is_waited_for_and_said(pair, nats_server):
     # Taken out of the list: confirmed again at once.
     with primary.connect(DB) as conn:
         conn.execute("SELECT pg_drop_replication_slot('nosuch')")
-    set_system(primary, **{"feature_outbox.standby_slots": SLOT, "feature_outbox.standby_wait_timeout": None})
+    alter_system(primary, {"feature_outbox.standby_slots": SLOT, "feature_outbox.standby_wait_timeout": None})
     second, _ = edit(primary, 2, 1)
     wait_for(lambda: second in received_ids(nats_server), 10, "the next event")
 
