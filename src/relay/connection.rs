@@ -1,5 +1,6 @@
-//! The worker's sink: connected for the settings in effect, reconnected when they change, and the
-//! backoff after it failed. The worker knows it only as `dyn Sink`.
+//! The worker's sink: connected for the settings in effect, reconnected when they change, looked at
+//! with a deadline while idle, and the backoff after it failed. The worker knows it only as
+//! `dyn Sink`.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,7 @@ use pgrx::prelude::*;
 
 use super::error::RelayError;
 use super::slot::WorkerSlot;
-use super::{reload_if_asked, source, stopping};
+use super::{poll_interval, reload_if_asked, source, stopping};
 use crate::backoff;
 use crate::settings;
 use crate::sinks::{self, Sink, SinkConfig};
@@ -16,6 +17,10 @@ use crate::sinks::{self, Sink, SinkConfig};
 const SINK_PROBE_EVERY: Duration = Duration::from_millis(500);
 const SINK_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// The shortest wait for a look, whatever the settings: below it a sound sink would fail for its
+/// round-trip time alone (poll_interval may be as low as 10 ms).
+const SHORTEST_WAIT: Duration = Duration::from_millis(100);
+
 #[derive(Default)]
 pub struct Connection {
     current: Option<(SinkConfig, Box<dyn Sink>)>,
@@ -23,6 +28,9 @@ pub struct Connection {
     failures: u32,
     /// The last try failed to connect (no server answered), rather than to publish.
     connect_failed: bool,
+    /// When the sink last proved to work (a connect, an acknowledged batch, a look): the next look
+    /// is due half a poll interval later, so a draining worker adds no round trips.
+    proven_at: Option<Instant>,
     down_logged: bool,
     /// The sink's notice last logged, so a reconnect does not log it again.
     notice_logged: Option<String>,
@@ -31,6 +39,13 @@ pub struct Connection {
 /// The sink settings in effect, for this worker's database.
 fn config() -> SinkConfig {
     SinkConfig::from_settings(source())
+}
+
+/// How long the look at a connected sink waits for its answer: half a poll interval, so that a sink
+/// that hangs with its connection open shows within 1.5 poll intervals (the next wake-up comes at
+/// most one poll interval after the hang), and at most publish_timeout.
+fn look_wait(config: &SinkConfig) -> Duration {
+    (poll_interval() / 2).max(SHORTEST_WAIT).min(config.publish_timeout)
 }
 
 impl Connection {
@@ -60,7 +75,6 @@ impl Connection {
                 me.count_failed_connect();
                 RelayError::sink_down(reason)
             })?;
-            me.sink_ok();
             if let Some(notice) = sink.notice()
                 && self.notice_logged.as_ref() != Some(&notice)
             {
@@ -68,25 +82,38 @@ impl Connection {
                 self.notice_logged = Some(notice);
             }
             self.current = Some((config, sink));
-        }
-        self.connect_failed = false;
-        let (_, sink) = self.current.as_mut().expect("connected above");
-        if !fresh {
-            // The look each wake-up (at least each poll interval) gives an idle worker: a lost
-            // connection shows in metrics() and the views without waiting for an edit.
-            match sink.health() {
-                Some(Ok(())) => me.sink_ok(),
+            self.proven(me);
+        } else if self.look_due() {
+            // An idle worker's look, at each wake-up (at least each poll interval): a sink that is
+            // lost or hangs shows in metrics() and the views without waiting for an edit.
+            let (config, sink) = self.current.as_ref().expect("not fresh");
+            match sink.health(look_wait(config)) {
+                Some(Ok(())) => self.proven(me),
                 Some(Err(reason)) => return Err(RelayError::sink_down(reason)),
                 None => {}
             }
         }
+        self.connect_failed = false;
+        let (_, sink) = self.current.as_mut().expect("connected above");
         Ok((sink.as_mut(), fresh))
+    }
+
+    /// Whether the connected sink is due a look: nothing proved it working for half a poll interval.
+    fn look_due(&self) -> bool {
+        self.proven_at.is_none_or(|at| at.elapsed() >= poll_interval() / 2)
+    }
+
+    /// The connected sink works: shown as up, no look due for a while.
+    fn proven(&mut self, me: &WorkerSlot) {
+        me.sink_ok();
+        self.proven_at = Some(Instant::now());
     }
 
     /// The sink failed: drops it (the next batch reconnects from scratch), records and logs the
     /// reason (logged once per outage), and returns how long to back off.
     pub fn down(&mut self, me: &WorkerSlot, reason: &str, retry_after: Option<Duration>) -> Duration {
         self.current = None;
+        self.proven_at = None;
         self.failures += 1;
         me.sink_failed();
         me.record_error(reason);
@@ -105,7 +132,7 @@ impl Connection {
 
     /// A batch went through: the sink works (again).
     pub fn worked(&mut self, me: &WorkerSlot) {
-        me.sink_ok();
+        self.proven(me);
         if self.down_logged {
             log!("{}: sink back, publishing again", me.tag);
         }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::ClientContext;
+use rdkafka::client::{Client, ClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -161,6 +161,24 @@ pub fn bootstrap_servers(endpoint: &str) -> Result<String, String> {
         return Err(format!("feature_outbox.endpoint \"{shown}\": broker \"{h}\" has no port (host:port, Kafka's is usually 9092)"));
     }
     Ok(hosts.join(","))
+}
+
+/// Asks a broker of `client` for the cluster's brokers, answered within `deadline`. librdkafka's
+/// `rd_kafka_metadata` with `all_topics` 0 names only the topics the client knows (none for a
+/// fresh client, the relay's own for its producer), where rdkafka's `fetch_metadata(None)` asks for
+/// every topic of the cluster: a large answer from a large cluster at each look.
+fn brokers_answer<C: ClientContext>(client: &Client<C>, deadline: Duration) -> Result<(), KafkaError> {
+    use rdkafka::bindings::{rd_kafka_metadata, rd_kafka_metadata_destroy, rd_kafka_resp_err_t};
+    let mut metadata = std::ptr::null();
+    let wait_ms = i32::try_from(deadline.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the handle is valid while `client` lives; librdkafka sets `metadata` only on success,
+    // and then it is ours to destroy, once.
+    let code = unsafe { rd_kafka_metadata(client.native_ptr(), 0, std::ptr::null_mut(), &mut metadata, wait_ms) };
+    if code != rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        return Err(KafkaError::MetadataFetch(code.into()));
+    }
+    unsafe { rd_kafka_metadata_destroy(metadata) };
+    Ok(())
 }
 
 /// A layer's topic: the fixed topic when one is set, else `<prefix>.<layer>`.
@@ -400,11 +418,16 @@ impl Sink for KafkaSink {
         outcomes
     }
 
-    fn health(&self) -> Option<Result<(), String>> {
+    /// The producer's fatal error, if any; else a metadata request (brokers and the relay's topics)
+    /// on the producer's own connections, answered within `deadline`: a broker that hangs with its
+    /// connections open answers nothing, and the request times out.
+    fn health(&self, deadline: Duration) -> Option<Result<(), String>> {
         if let Some(Outcome::SinkFailed { error, .. }) = self.fatal() {
             return Some(Err(error));
         }
-        Some(self.producer.client().fetch_metadata(None, self.timeout).map(|_| ()).map_err(|e| self.context.explain(format!("Kafka: {e}"))))
+        Some(brokers_answer(self.producer.client(), deadline).map_err(|e| {
+            self.context.explain(format!("Kafka: no metadata from the broker within {} ms: {e}", deadline.as_millis()))
+        }))
     }
 
     fn notice(&self) -> Option<String> {

@@ -1,6 +1,8 @@
-//! Where the relay publishes: NATS JetStream or an HTTP webhook, chosen by the endpoint's scheme.
-//! Sinks are plain Rust (no Postgres calls): the worker reads settings and hands them over, and
-//! knows a sink only through the `Sink` trait.
+//! Where the relay publishes: NATS JetStream, Kafka or an HTTP webhook, chosen by the endpoint's
+//! scheme. Sinks are plain Rust (no Postgres calls): the worker reads settings and hands them over,
+//! and knows a sink only through the `Sink` trait. A broker that hangs with its connection open
+//! (stopped, or behind a proxy that accepts TCP and forwards nothing) is seen by a request with a
+//! deadline: `Sink::health`, on the connection in use.
 
 use std::time::Duration;
 
@@ -92,11 +94,12 @@ pub trait Sink {
     }
 
     /// Whether the sink is still usable while no batch goes through it, looked at by an idle worker
-    /// each poll interval (sink health in metrics()). Ok(()) when it is; Err(why) when it is not,
-    /// and the worker treats that as a sink failure (drops it, backs off, reconnects). None (the
-    /// default): this sink cannot tell without a request (HTTP), so what the last request showed
-    /// stands.
-    fn health(&self) -> Option<Result<(), String>> {
+    /// each poll interval (sink health in metrics()): a request on the connection in use, answered
+    /// within `deadline`, so that a server that hangs with the connection open counts as down.
+    /// Ok(()) when it is usable; Err(why) when it is not, and the worker treats that as a sink
+    /// failure (drops it, backs off, reconnects). None (the default): this sink cannot tell without
+    /// a request (HTTP), so what the last request showed stands.
+    fn health(&self, _deadline: Duration) -> Option<Result<(), String>> {
         None
     }
 

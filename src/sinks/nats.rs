@@ -37,6 +37,8 @@ pub struct NatsSink {
     tile_streams: std::collections::HashSet<String>,
     replicas: usize,
     duplicate_window: Duration,
+    /// feature_outbox.nats_stream: the stream an idle worker's look asks about.
+    stream: String,
 }
 
 /// Splits `scheme://[user[:password]@]host:port` into credentials and a credential-free address.
@@ -157,7 +159,7 @@ impl NatsSink {
             num_replicas: config.replicas,
             ..Default::default()
         };
-        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, source: config.source.clone(), timeout, bucket, objects: None, limits_differ, tile_streams: Default::default(), replicas: config.replicas, duplicate_window: config.duplicate_window })
+        Ok(NatsSink { runtime, client, js, prefix: config.subject_prefix.clone(), legacy_subjects: config.legacy_subjects, resolutions: config.subject_resolutions.clone(), envelope: config.envelope, source: config.source.clone(), timeout, bucket, objects: None, limits_differ, tile_streams: Default::default(), replicas: config.replicas, duplicate_window: config.duplicate_window, stream: config.stream.clone() })
     }
 
     /// Hands the batch to the runtime's thread, which builds each message (subjects, headers),
@@ -287,13 +289,27 @@ impl Sink for NatsSink {
         self.limits_differ.clone()
     }
 
-    /// The client's own view of its connection (async-nats `Client::connection_state`, a read of
-    /// the state its connection task keeps): anything but Connected is a lost connection, which the
-    /// client may be retrying; the worker drops it and reconnects itself.
-    fn health(&self) -> Option<Result<(), String>> {
-        Some(match self.client.connection_state() {
-            async_nats::connection::State::Connected => Ok(()),
-            state => Err(format!("the NATS connection is lost (client state: {state})")),
+    /// First the client's own view of its connection (async-nats `Client::connection_state`): a lost
+    /// connection, which the client may be retrying, at once. Then a round trip, since a server that
+    /// hangs keeps the connection open and the state says Connected: JetStream's info of the
+    /// events' stream (the request the connect makes, so any account that relays may make it),
+    /// answered within `deadline`. (`Client::flush` only empties the client's write buffer into the
+    /// socket; it waits for no answer.)
+    fn health(&self, deadline: Duration) -> Option<Result<(), String>> {
+        let state = self.client.connection_state();
+        if !matches!(state, async_nats::connection::State::Connected) {
+            return Some(Err(format!("the NATS connection is lost (client state: {state})")));
+        }
+        // The timer is made inside the runtime: tokio's timers need one.
+        let answer = block_on(&self.runtime, async { tokio::time::timeout(deadline, self.js.get_stream(&self.stream)).await });
+        Some(match answer {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("NATS: JetStream stream {} info failed: {e}", self.stream)),
+            Err(_) => Err(format!(
+                "NATS did not answer within {} ms (JetStream stream {} info): the server hangs or the network drops its packets",
+                deadline.as_millis(),
+                self.stream
+            )),
         })
     }
 }
