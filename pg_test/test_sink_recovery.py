@@ -4,7 +4,9 @@ its sink, a request with a deadline, must show it down within 2 x feature_outbox
 outbox_sink_up 0, outbox_sink_last_success_timestamp_seconds no longer advancing, the error in
 the workers view and in backlog.relay_last_error. After SIGCONT it is up again.
 
-"""
+The same hang under load, and the broker killed and restarted, with the drain resuming within 2 s
+of the sink's return, are fault drills (pg_test/sink_drills.py): pg_test/test_faults.py runs them
+short in `make test`, `make faults` in full."""
 
 import re
 import signal
@@ -116,3 +118,27 @@ def test_hung_kafka_broker_with_no_edits_is_seen_down_within_two_poll_intervals(
     c, broker = kafka_relay
     hang_is_seen(c, broker.pause, broker.resume, "Kafka")
 
+
+def test_a_sink_that_answers_and_refuses_keeps_its_backoff():
+    """A wrong password: nats-server greets every probe, so no probe ever saw it not answering, and
+    the backoff is never cut short. Failures come at the backoff's pace (retry_backoff_min 1 s,
+    doubling, jitter down to half), at most 4 in the 8 s after the first, where a backoff ended by
+    each answering probe (every 0.5 s) would retry about 16 times."""
+    server = NatsServer(RUN_DIR / "sinkhang_nats_auth", "--user", "relay", "--pass", "right")
+    server.start()
+    url = f"nats://relay:wrong@127.0.0.1:{server.port}"
+    c = relay_cluster("sinkhang_refused_pg", DB, *SETTINGS, f"feature_outbox.endpoint = '{url}'")
+    try:
+        def errors() -> int:
+            with c.connect(DB) as conn:
+                return conn.execute("SELECT sink_errors FROM feature_outbox.workers WHERE worker = 0").fetchone()[0] or 0
+        first = wait_for(errors, 20, "the first refused connect")
+        time.sleep(8)
+        retries = errors() - first
+        print(f"\nwrong password: {retries} more failures in the 8 s after the first")
+        assert 2 <= retries <= 4, f"{retries} failures in 8 s"
+        _, last_error, _ = errors_shown(c)
+        assert "authorization" in last_error.lower(), last_error
+    finally:
+        c.stop()
+        server.stop()

@@ -1,6 +1,6 @@
 //! The worker's sink: connected for the settings in effect, reconnected when they change, looked at
-//! with a deadline while idle, and the backoff after it failed. The worker knows it only as
-//! `dyn Sink`.
+//! with a deadline while idle, and the backoff after it failed, which probes the sink instead of
+//! sleeping past its return. The worker knows it only as `dyn Sink`.
 
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,12 @@ use crate::backoff;
 use crate::settings;
 use crate::sinks::{self, Sink, SinkConfig};
 
-/// How often a worker backing off after failed connects looks whether a server answers.
+/// How often a worker backing off probes whether the sink answers again: with the probe's own
+/// wait, a sink that comes back is seen within about this long.
 const SINK_PROBE_EVERY: Duration = Duration::from_millis(500);
-const SINK_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// The shortest wait for a look, whatever the settings: below it a sound sink would fail for its
-/// round-trip time alone (poll_interval may be as low as 10 ms).
+/// The shortest wait for a look or a probe, whatever the settings: below it a sound sink would fail
+/// for its round-trip time alone (poll_interval may be as low as 10 ms).
 const SHORTEST_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
@@ -26,8 +26,10 @@ pub struct Connection {
     current: Option<(SinkConfig, Box<dyn Sink>)>,
     /// Sink failures in a row, for the backoff.
     failures: u32,
-    /// The last try failed to connect (no server answered), rather than to publish.
-    connect_failed: bool,
+    /// Whether the sink answered when last seen (by a probe, or a connect that worked), under the
+    /// settings it was seen with. A backoff ends early only for a sink seen not answering that
+    /// answers again.
+    seen: Option<(SinkConfig, bool)>,
     /// When the sink last proved to work (a connect, an acknowledged batch, a look): the next look
     /// is due half a poll interval later, so a draining worker adds no round trips.
     proven_at: Option<Instant>,
@@ -46,6 +48,13 @@ fn config() -> SinkConfig {
 /// most one poll interval after the hang), and at most publish_timeout.
 fn look_wait(config: &SinkConfig) -> Duration {
     (poll_interval() / 2).max(SHORTEST_WAIT).min(config.publish_timeout)
+}
+
+/// How long a backoff's probe waits for a fresh connection to answer: a poll interval (it may take
+/// TCP, TLS and a login), and at most publish_timeout, the connect's own limit. A sink that comes
+/// back while a probe waits answers it at once.
+fn probe_wait(config: &SinkConfig) -> Duration {
+    poll_interval().max(SHORTEST_WAIT).min(config.publish_timeout)
 }
 
 impl Connection {
@@ -70,7 +79,6 @@ impl Connection {
             } else {
                 sinks::connect(&config, &me.tag)
             };
-            self.connect_failed = connected.is_err();
             let sink = connected.map_err(|reason| {
                 me.count_failed_connect();
                 RelayError::sink_down(reason)
@@ -93,7 +101,6 @@ impl Connection {
                 None => {}
             }
         }
-        self.connect_failed = false;
         let (_, sink) = self.current.as_mut().expect("connected above");
         Ok((sink.as_mut(), fresh))
     }
@@ -103,10 +110,13 @@ impl Connection {
         self.proven_at.is_none_or(|at| at.elapsed() >= poll_interval() / 2)
     }
 
-    /// The connected sink works: shown as up, no look due for a while.
+    /// The connected sink works: shown as up, seen answering, no look due for a while.
     fn proven(&mut self, me: &WorkerSlot) {
         me.sink_ok();
         self.proven_at = Some(Instant::now());
+        if let Some((config, _)) = &self.current {
+            self.seen = Some((config.clone(), true));
+        }
     }
 
     /// The sink failed: drops it (the next batch reconnects from scratch), records and logs the
@@ -140,38 +150,49 @@ impl Connection {
         self.failures = 0;
     }
 
-    /// Sleeps out a sink backoff of `delay`. A changed sink setting (say, a corrected endpoint) ends
-    /// it at once. After failed connects to a sink that can tell whether a server answers (NATS), a
-    /// server that went from refusing connections to accepting them ends it within
-    /// SINK_PROBE_EVERY: the delay grew through the outage, and the server is back now. (One that
-    /// answers all along, refusing the credentials, say, does not.) False on SIGTERM.
-    pub fn back_off(&self, delay: Duration) -> bool {
+    /// Backs off for `delay` after a sink failure, probing the sink meanwhile (NATS, Kafka: a fresh
+    /// connection that must answer within probe_wait) every SINK_PROBE_EVERY. The backoff ends early
+    /// when a sink seen not answering answers again: the delay grew through the outage, and the
+    /// sink is back now, whether it was down or hung. The next delay then starts again from
+    /// retry_backoff_min, for a sink that answers before it works (JetStream still electing its
+    /// leaders). A sink that answers and still fails (refused credentials, say) gets the whole
+    /// delay, so it is never retried in a loop. A changed sink setting (say, a corrected endpoint)
+    /// ends the backoff at once. False on SIGTERM.
+    pub fn back_off(&mut self, delay: Duration) -> bool {
         let config = config();
-        let answers = || if self.connect_failed { sinks::answers(&config, SINK_PROBE_TIMEOUT) } else { None };
-        let deadline = Instant::now() + delay;
-        let first = answers();
-        let probe = first.is_some();
-        let mut was_down = first == Some(false);
+        let until = Instant::now() + delay;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let answers = sinks::answers(&config, probe_wait(&config));
+            if self.answers_again(&config, answers) {
+                self.failures = 0;
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return true;
             }
-            let slice = if probe { left.min(SINK_PROBE_EVERY) } else { left };
+            let slice = if answers.is_some() { left.min(SINK_PROBE_EVERY) } else { left };
             if !sleep_for(slice, || self::config() != config) {
                 return false;
             }
             if self::config() != config {
                 return true;
             }
-            if let Some(up) = answers() {
-                if up && was_down {
-                    return true;
-                }
-                was_down |= !up;
-            }
         }
     }
+
+    /// Records what a probe found (None: this sink has no probe); true when the sink answers now
+    /// and was last seen, under these settings, not answering.
+    fn answers_again(&mut self, config: &SinkConfig, answers: Option<bool>) -> bool {
+        let Some(answers) = answers else { return false };
+        answered_again(self.seen.replace((config.clone(), answers)), config, answers)
+    }
+}
+
+/// Whether a probe that found the sink `answers` under `config` ends a backoff, given what was
+/// `seen` before: only the move from not answering to answering, under the same settings.
+fn answered_again(seen: Option<(SinkConfig, bool)>, config: &SinkConfig, answers: bool) -> bool {
+    answers && seen.is_some_and(|(c, was)| !was && c == *config)
 }
 
 /// Sleeps for `d` on the latch, ignoring commit wake-ups, until `d` passed or `stop()` holds after a
@@ -189,5 +210,25 @@ fn sleep_for(d: Duration, stop: impl Fn() -> bool) -> bool {
         if reload_if_asked() && stop() {
             return true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answered_again;
+    use crate::sinks::test_config;
+
+    #[test]
+    fn only_a_sink_seen_not_answering_that_answers_again_ends_a_backoff() {
+        let (nats, other) = (test_config("nats://127.0.0.1:4222"), test_config("nats://127.0.0.1:4223"));
+        // Down (refused or silent), then answering: back.
+        assert!(answered_again(Some((nats.clone(), false)), &nats, true));
+        // Answering all along and still failing (refused credentials): the whole backoff.
+        assert!(!answered_again(Some((nats.clone(), true)), &nats, true));
+        assert!(!answered_again(None, &nats, true));
+        // Still down.
+        assert!(!answered_again(Some((nats.clone(), false)), &nats, false));
+        // Seen under other settings: says nothing about these.
+        assert!(!answered_again(Some((other, false)), &nats, true));
     }
 }

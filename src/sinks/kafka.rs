@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::{Client, ClientContext};
+use rdkafka::client::{Client, ClientContext, DefaultClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaType;
 
 use super::{Outcome, Sink, SinkConfig};
 use crate::cloudevents::{self, Binding, Message};
@@ -163,6 +164,35 @@ pub fn bootstrap_servers(endpoint: &str) -> Result<String, String> {
     Ok(hosts.join(","))
 }
 
+/// Whether a broker of the endpoint answers a metadata request (for the brokers alone) within
+/// `deadline`, on a client of its own that connects afresh, with the settings' security (so that a
+/// TLS or SASL listener can answer): a broker that is down refuses it, one that hangs never
+/// answers. It retries a refused connection every PROBE_RECONNECT, so a broker that comes back
+/// during the wait answers it. None when the settings give no client (a bad endpoint, an unreadable
+/// password file): the connect says why.
+pub fn answers(config: &SinkConfig, deadline: Duration) -> Option<bool> {
+    let servers = bootstrap_servers(&config.endpoint).ok()?;
+    let wait_ms = deadline.as_millis().max(1).to_string();
+    let reconnect_ms = PROBE_RECONNECT.as_millis().to_string();
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &servers)
+        .set("client.id", "feature_outbox probe")
+        .set("socket.timeout.ms", &wait_ms)
+        .set("reconnect.backoff.ms", &reconnect_ms)
+        .set("reconnect.backoff.max.ms", &reconnect_ms);
+    for (key, value) in security_settings(config).ok()? {
+        c.set(key, value);
+    }
+    c.set_log_level(RDKafkaLogLevel::Error);
+    // librdkafka's threads start with every signal blocked (signals.rs), and are gone once the
+    // client is dropped, at the end of this function.
+    let client = crate::signals::blocked(|| {
+        let native = c.create_native_config().ok()?;
+        Client::new(&c, native, RDKafkaType::RD_KAFKA_PRODUCER, DefaultClientContext).ok()
+    })?;
+    Some(brokers_answer(&client, deadline).is_ok())
+}
+
 /// Asks a broker of `client` for the cluster's brokers, answered within `deadline`. librdkafka's
 /// `rd_kafka_metadata` with `all_topics` 0 names only the topics the client knows (none for a
 /// fresh client, the relay's own for its producer), where rdkafka's `fetch_metadata(None)` asks for
@@ -180,6 +210,9 @@ fn brokers_answer<C: ClientContext>(client: &Client<C>, deadline: Duration) -> R
     unsafe { rd_kafka_metadata_destroy(metadata) };
     Ok(())
 }
+
+/// How often the probe of `answers` retries a broker that refused its connection.
+const PROBE_RECONNECT: Duration = Duration::from_millis(100);
 
 /// A layer's topic: the fixed topic when one is set, else `<prefix>.<layer>`.
 pub fn topic_of(prefix: &str, fixed: Option<&str>, layer: &str) -> String {
@@ -530,6 +563,21 @@ mod tests {
         let unreadable = security_settings(&config_with(KafkaSecurity::SaslPlaintext, Some("relay"), Some("/nonexistent/pw"))).unwrap_err();
         assert!(unreadable.contains("kafka_sasl_password_file"), "{unreadable}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_broker_that_accepts_and_says_nothing_does_not_answer_within_the_wait() {
+        const WAIT: Duration = Duration::from_millis(500);
+        // Bound and listening, never read: the kernel accepts the connection, as for a SIGSTOPped broker.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = crate::sinks::test_config(&format!("kafka://{}", silent.local_addr().unwrap()));
+        let start = std::time::Instant::now();
+        assert_eq!(answers(&config, WAIT), Some(false));
+        // The client's threads are gone as soon after the wait as librdkafka tears them down.
+        assert!(start.elapsed() < WAIT + Duration::from_secs(1), "{:?}", start.elapsed());
+        drop(silent);
+        assert_eq!(answers(&config, WAIT), Some(false), "refused");
+        assert_eq!(answers(&crate::sinks::test_config("kafka://no-port"), WAIT), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! scheme. Sinks are plain Rust (no Postgres calls): the worker reads settings and hands them over,
 //! and knows a sink only through the `Sink` trait. A broker that hangs with its connection open
 //! (stopped, or behind a proxy that accepts TCP and forwards nothing) is seen by a request with a
-//! deadline: `Sink::health`, on the connection in use.
+//! deadline: `Sink::health` on the connection in use, `answers` on a fresh one.
 
 use std::time::Duration;
 
@@ -195,12 +195,14 @@ pub fn connect(config: &SinkConfig, client_name: &str) -> Result<Box<dyn Sink>, 
     }
 }
 
-/// Whether a server of the endpoint accepts connections now, for a sink that can tell without
-/// connecting (NATS: a TCP connect within `timeout`); None for one that cannot. A worker backing
-/// off after failed connects ends its backoff when a server that did not answer answers again.
-pub fn answers(config: &SinkConfig, timeout: std::time::Duration) -> Option<bool> {
+/// Whether a server of the endpoint answers a fresh connection within `deadline` (NATS: greets it
+/// with INFO; Kafka: answers a metadata request); None for a sink that has no such probe (HTTP), or
+/// whose probe cannot be set up. A worker backing off ends its backoff when a server that did not
+/// answer answers again: refusing a connection and accepting one without a word are both no answer.
+pub fn answers(config: &SinkConfig, deadline: Duration) -> Option<bool> {
     match config.scheme().as_str() {
-        "nats" | "tls" => Some(nats::answers(&config.endpoint, timeout)),
+        "nats" | "tls" => Some(nats::answers(&config.endpoint, deadline)),
+        "kafka" => kafka::answers(config, deadline),
         _ => None,
     }
 }

@@ -2,7 +2,7 @@
 //! a row only after its PubAck. `Nats-Msg-Id` carries the event_id, so JetStream drops a republished
 //! event inside the stream's duplicate window (NATS docs, "JetStream: Message Deduplication").
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, object_store, stream};
 use async_nats::{Client, ConnectOptions, HeaderMap};
@@ -56,23 +56,61 @@ fn split_credentials(url: &str) -> (Option<(String, Option<String>)>, String) {
     }
 }
 
-/// True when some server of a NATS `endpoint` (comma-separated URLs) accepts a TCP connection
-/// within `timeout`. A relay backing off after failed connects uses it to end the backoff as soon
-/// as a server answers again, instead of waiting out a delay that grew during a long outage.
-pub fn answers(endpoint: &str, timeout: Duration) -> bool {
+/// True when some server of a NATS `endpoint` (comma-separated URLs) greets a fresh connection with
+/// its INFO line within `deadline`, as a NATS server does before anything else (for tls:// too:
+/// INFO comes before the TLS handshake). A stopped server refuses the connection; a hung one
+/// (SIGSTOPped, or behind a proxy that accepts TCP and forwards nothing) accepts it and stays
+/// silent. The servers are tried at once, each on a thread of its own that resolves its name too,
+/// so neither a silent server nor a slow DNS answer holds the caller past `deadline`.
+pub fn answers(endpoint: &str, deadline: Duration) -> bool {
+    let until = Instant::now() + deadline;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for url in endpoint.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let (tx, address) = (tx.clone(), probe_address(url));
+        // Threads start with signals blocked (signals.rs); one that cannot start counts as silent.
+        let _ = crate::signals::blocked(|| std::thread::Builder::new().name("nats probe".into()).spawn(move || {
+            let _ = tx.send(greets(&address, until));
+        }));
+    }
+    drop(tx);
+    while let Ok(greeted) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        if greeted {
+            return true;
+        }
+    }
+    false
+}
+
+/// `host:port` of a NATS URL, credentials taken out, port 4222 when it names none.
+fn probe_address(url: &str) -> String {
+    let (_, address) = split_credentials(url);
+    let host = address.split_once("://").map_or(address.as_str(), |(_, h)| h).trim_end_matches('/');
+    if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) { host.to_string() } else { format!("{host}:4222") }
+}
+
+/// Whether the server at `address` sends `INFO` on a fresh connection before `until`.
+fn greets(address: &str, until: Instant) -> bool {
+    use std::io::Read;
     use std::net::{TcpStream, ToSocketAddrs};
-    endpoint.split(',').map(str::trim).filter(|u| !u.is_empty()).any(|url| {
-        let (_, address) = split_credentials(url);
-        let host = address.split_once("://").map_or(address.as_str(), |(_, h)| h).trim_end_matches('/');
-        let with_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-            host.to_string()
-        } else {
-            format!("{host}:4222")
-        };
-        with_port
-            .to_socket_addrs()
-            .map(|mut addrs| addrs.any(|a| TcpStream::connect_timeout(&a, timeout).is_ok()))
-            .unwrap_or(false)
+    let Ok(addrs) = address.to_socket_addrs() else { return false };
+    addrs.into_iter().any(|a| {
+        let left = |now: Instant| until.checked_duration_since(now).filter(|d| !d.is_zero());
+        let Some(stream) = left(Instant::now()).and_then(|d| TcpStream::connect_timeout(&a, d).ok()) else { return false };
+        let mut greeting = [0u8; 4];
+        let mut got = 0;
+        while got < greeting.len() {
+            let Some(d) = left(Instant::now()) else { return false };
+            if stream.set_read_timeout(Some(d)).is_err() {
+                return false;
+            }
+            match (&stream).read(&mut greeting[got..]) {
+                Ok(0) => return false,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        greeting.eq_ignore_ascii_case(b"INFO")
     })
 }
 
@@ -564,6 +602,53 @@ mod tests {
         assert_eq!(split_credentials("nats://a:b@h:4222"), (Some(("a".into(), Some("b".into()))), "nats://h:4222".into()));
         assert_eq!(split_credentials("tls://tok@h:4222"), (Some(("tok".into(), None)), "tls://h:4222".into()));
         assert_eq!(split_credentials("nats://h:4222"), (None, "nats://h:4222".into()));
+    }
+
+    /// A server on a free local port: `greeting` sends that on each connection; None accepts
+    /// connections (the kernel does, into the backlog) and says nothing, as a SIGSTOPped server.
+    fn server(greeting: Option<&'static [u8]>) -> (std::net::TcpListener, String) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("nats://127.0.0.1:{}", listener.local_addr().unwrap().port());
+        if let Some(greeting) = greeting {
+            let l = listener.try_clone().unwrap();
+            std::thread::spawn(move || {
+                for mut conn in l.incoming().flatten() {
+                    use std::io::Write;
+                    let _ = conn.write_all(greeting);
+                }
+            });
+        }
+        (listener, url)
+    }
+
+    #[test]
+    fn a_server_answers_only_when_it_greets_a_fresh_connection_with_info() {
+        const WAIT: Duration = Duration::from_millis(300);
+        let (_nats, nats) = server(Some(b"INFO {\"server_id\":\"x\"}\r\n"));
+        assert!(answers(&nats, WAIT));
+        let (_silent, silent) = server(None);
+        let start = Instant::now();
+        assert!(!answers(&silent, WAIT), "a hung server accepts TCP and says nothing");
+        assert!(start.elapsed() < WAIT + Duration::from_millis(200), "the wait is bounded: {:?}", start.elapsed());
+        let (_http, http) = server(Some(b"HTTP/1.1 400 Bad Request\r\n"));
+        assert!(!answers(&http, WAIT), "something else on the port is no NATS server");
+        let closed = {
+            let (listener, url) = server(None);
+            drop(listener);
+            url
+        };
+        assert!(!answers(&closed, WAIT));
+        // Of a cluster, the first to answer counts; a silent one does not hold the others up.
+        let start = Instant::now();
+        assert!(answers(&format!("{silent}, {closed},{nats}"), WAIT));
+        assert!(start.elapsed() < WAIT, "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn probes_go_to_host_and_port_without_credentials() {
+        assert_eq!(probe_address("nats://u:p@h:4333"), "h:4333");
+        assert_eq!(probe_address("tls://token@nats.example"), "nats.example:4222");
+        assert_eq!(probe_address("127.0.0.1:4223/"), "127.0.0.1:4223");
     }
 
     #[test]
