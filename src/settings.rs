@@ -431,7 +431,7 @@ fn standby_gate() {
     }
     GucRegistry::define_bool_guc(
         c"feature_outbox.wait_for_synchronous_standbys",
-        c"Whether the relay publishes a batch only after every standby named in synchronous_standby_names confirmed its WAL.",
+        c"Whether the relay publishes a batch only after the synchronous standbys of synchronous_standby_names flushed its WAL.",
         c"For Patroni's synchronous_mode with synchronous_commit = local: the relay waits, editors do not.",
         &WAIT_FOR_SYNCHRONOUS_STANDBYS,
         GucContext::Sighup,

@@ -9,13 +9,16 @@
 //! - `feature_outbox.standby_slots`: physical replication slots, as PostgreSQL 17's
 //!   `synchronized_standby_slots` names them for logical walsenders. A physical slot's
 //!   `restart_lsn` is the flush position its standby last confirmed.
-//! - `feature_outbox.wait_for_synchronous_standbys`: every standby named in
-//!   `synchronous_standby_names`, confirmed by its walsender's `flush_lsn`. Patroni's
-//!   `synchronous_mode` promotes only those, and keeps the list current across failovers and
-//!   members leaving or joining, so one cluster-wide value follows the membership.
+//! - `feature_outbox.wait_for_synchronous_standbys`: the synchronous standbys PostgreSQL picks from
+//!   `synchronous_standby_names` (FIRST n by priority, ANY n by quorum), confirmed by their
+//!   walsenders' `flush_lsn`: a batch goes out once a synchronous commit of its edits would have
+//!   returned. Patroni's `synchronous_mode` promotes only such a standby and keeps the list current
+//!   across failovers and members leaving or joining, so one cluster-wide value follows the
+//!   membership.
 //!
-//! A named standby that cannot confirm (a slot missing, logical or invalidated; a synchronous
-//! standby not connected) is waited for and said in the workers view and the log, never skipped.
+//! A named standby that cannot confirm (a slot missing, logical or invalidated; fewer synchronous
+//! standbys connected than synchronous_standby_names asks for) is waited for and said in the
+//! workers view and the log, never skipped.
 //! `feature_outbox.standby_wait_timeout` lets a team choose availability: past it the batch goes
 //! out with a WARNING and is counted as published unconfirmed.
 
@@ -78,50 +81,74 @@ pub fn parse_slot_list(text: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
-/// The standby names in a `synchronous_standby_names` value, in PostgreSQL's grammar
-/// (syncrep_gram.y): `name [, ...]`, `[FIRST] num (name [, ...])` or `ANY num (name [, ...])`, a
-/// name plain or double-quoted, `*` for any standby. Every named standby is required: one listed as
-/// a potential synchronous standby can become synchronous, and so be promoted. Empty: none.
-pub fn synchronous_names(value: &str) -> Vec<String> {
+/// How many synchronous standbys `synchronous_standby_names` asks for, and how PostgreSQL picks
+/// them (syncrep_gram.y): `FIRST n (...)`, `n (...)` and a plain list (one) by priority, `ANY n
+/// (...)` by quorum. None for an empty value: no synchronous standby.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncRule {
+    First(usize),
+    Any(usize),
+}
+
+pub fn sync_rule(value: &str) -> Option<SyncRule> {
     let value = value.trim();
-    // The list in parentheses, when the value has a method or a count before it.
-    let list = match (value.find('('), value.rfind(')')) {
-        (Some(open), Some(close)) if close > open => &value[open + 1..close],
-        _ => value,
-    };
-    let mut names = Vec::new();
-    let mut chars = list.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
-            chars.next();
-        }
-        let Some(&first) = chars.peek() else { break };
-        let mut name = String::new();
-        if first == '"' {
-            chars.next();
-            while let Some(c) = chars.next() {
-                if c == '"' {
-                    if chars.peek() == Some(&'"') {
-                        chars.next();
-                        name.push('"');
-                        continue;
-                    }
-                    break;
-                }
-                name.push(c);
-            }
-        } else {
-            while let Some(&c) = chars.peek() {
-                if c == ',' || c.is_whitespace() {
-                    break;
-                }
-                name.push(c);
-                chars.next();
-            }
-        }
-        names.push(name);
+    if value.is_empty() {
+        return None;
     }
-    names
+    let Some(open) = value.find('(') else { return Some(SyncRule::First(1)) };
+    let mut words = value[..open].split_whitespace();
+    let (any, count) = match (words.next(), words.next()) {
+        (Some(w), Some(n)) if w.eq_ignore_ascii_case("any") => (true, n),
+        (Some(w), Some(n)) if w.eq_ignore_ascii_case("first") => (false, n),
+        (Some(n), None) => (false, n),
+        _ => (false, "1"),
+    };
+    let n = count.parse::<usize>().unwrap_or(1).max(1);
+    Some(if any { SyncRule::Any(n) } else { SyncRule::First(n) })
+}
+
+/// A walsender as pg_stat_replication shows it: its standby's application_name, the position
+/// it has flushed, and PostgreSQL's own verdict on it (`sync`, `quorum`, `potential`, `async`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Walsender {
+    pub name: String,
+    pub flushed: Lsn,
+    pub sync_state: String,
+}
+
+/// The decision for wait_for_synchronous_standbys, pure: whether `target` is flushed where a
+/// synchronous commit would have waited for it. PostgreSQL's rule (SyncRepGetSyncRecPtr): under
+/// FIRST n the n standbys it marks `sync` must all have it; under ANY n, n of those it marks
+/// `quorum`. Fewer of them connected than asked for: nothing is confirmed (a synchronous commit
+/// would wait too). An HA manager that promotes only a synchronous standby (Patroni's
+/// synchronous_mode) thus never promotes one without the batch's edits.
+pub fn synchronous_holdup(target: Lsn, rule: Option<SyncRule>, walsenders: &[Walsender]) -> Option<Holdup> {
+    let (n, state, how) = match rule? {
+        SyncRule::First(n) => (n, "sync", "FIRST"),
+        SyncRule::Any(n) => (n, "quorum", "ANY"),
+    };
+    let mut chosen: Vec<&Walsender> = walsenders.iter().filter(|w| w.sync_state == state).collect();
+    let names = |ws: &[&Walsender]| ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", ");
+    if chosen.len() < n {
+        return Some(Holdup {
+            standby: format!("synchronous standbys ({how} {n})"),
+            bytes: None,
+            problem: Some(format!(
+                "synchronous_standby_names asks for {n} synchronous standbys ({how}) and {} {} connected{}",
+                chosen.len(),
+                if chosen.len() == 1 { "is" } else { "are" },
+                if chosen.is_empty() { String::new() } else { format!(" ({})", names(&chosen)) }
+            )),
+        });
+    }
+    // The position n of them have: under FIRST every chosen one counts; under ANY the n-th best.
+    chosen.sort_by(|a, b| b.flushed.cmp(&a.flushed));
+    let deciding = if how == "FIRST" { chosen[chosen.len() - 1] } else { chosen[n - 1] };
+    (deciding.flushed < target).then(|| Holdup {
+        standby: format!("standby {}", deciding.name),
+        bytes: Some(target - deciding.flushed),
+        problem: None,
+    })
 }
 
 /// What a named standby has confirmed, as read now.
@@ -162,12 +189,15 @@ SELECT n.name, r.slot_type, (r.restart_lsn - '0/0'::pg_catalog.pg_lsn)::int8, r.
   FROM pg_catalog.unnest($1::text[]) WITH ORDINALITY n(name, i)
   LEFT JOIN pg_catalog.pg_replication_slots r ON r.slot_name = n.name
  ORDER BY n.i";
-// The walsenders of physical standbys and what each has flushed, with synchronous_standby_names.
+// The walsenders of physical standbys: what each has flushed and PostgreSQL's own synchronous
+// verdict on it, with synchronous_standby_names.
 const SYNCHRONOUS_SQL: &str = "
 SELECT pg_catalog.current_setting('synchronous_standby_names'),
        (SELECT pg_catalog.array_agg(s.application_name ORDER BY s.pid)
           FROM pg_catalog.pg_stat_replication s WHERE s.flush_lsn IS NOT NULL),
        (SELECT pg_catalog.array_agg((s.flush_lsn - '0/0'::pg_catalog.pg_lsn)::int8 ORDER BY s.pid)
+          FROM pg_catalog.pg_stat_replication s WHERE s.flush_lsn IS NOT NULL),
+       (SELECT pg_catalog.array_agg(s.sync_state ORDER BY s.pid)
           FROM pg_catalog.pg_stat_replication s WHERE s.flush_lsn IS NOT NULL)";
 const POSITION_SQL: &str = "SELECT (pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_catalog.pg_lsn)::int8";
 
@@ -182,8 +212,8 @@ pub fn read_position(client: &SpiClient<'_>) -> Result<Option<Lsn>, RelayError> 
     Ok(client.select(&*plan, None, &[])?.first().get_one::<i64>()?.map(|l| l as Lsn))
 }
 
-/// What each required standby has confirmed now.
-fn read_standbys(client: &SpiClient<'_>, required: &Required) -> Result<Vec<Standby>, RelayError> {
+/// What each named slot's standby has confirmed now.
+fn read_slots(client: &SpiClient<'_>, required: &Required) -> Result<Vec<Standby>, RelayError> {
     let mut standbys = Vec::new();
     if !required.slots.is_empty() {
         let plan = prepared(client, SLOTS_SQL, &[pg_sys::TEXTARRAYOID], false);
@@ -202,27 +232,38 @@ fn read_standbys(client: &SpiClient<'_>, required: &Required) -> Result<Vec<Stan
             standbys.push(Standby { name: format!("slot {name}"), confirmed });
         }
     }
-    if required.synchronous {
-        let plan = prepared(client, SYNCHRONOUS_SQL, &[], false);
-        let row = client.select(&*plan, None, &[])?.first();
-        let names = synchronous_names(&row.get::<String>(1)?.unwrap_or_default());
-        let connected: Vec<String> = row.get::<Vec<String>>(2)?.unwrap_or_default();
-        let flushed: Vec<i64> = row.get::<Vec<i64>>(3)?.unwrap_or_default();
-        let walsenders: Vec<(&String, Lsn)> = connected.iter().zip(flushed.iter().map(|l| *l as Lsn)).collect();
-        for name in names {
-            if name == "*" {
-                // Any standby may be synchronous: every connected one is required.
-                standbys.extend(walsenders.iter().map(|(n, lsn)| Standby { name: format!("standby {n}"), confirmed: Ok(*lsn) }));
-                continue;
-            }
-            // PostgreSQL matches these names case-insensitively (SyncRepGetCandidateStandbys). With
-            // two walsenders of one name, the one behind counts.
-            let lsn = walsenders.iter().filter(|(n, _)| n.eq_ignore_ascii_case(&name)).map(|(_, l)| *l).min();
-            let confirmed = lsn.ok_or_else(|| format!("standby \"{name}\" in synchronous_standby_names is not connected"));
-            standbys.push(Standby { name: format!("standby {name}"), confirmed });
-        }
-    }
     Ok(standbys)
+}
+
+/// synchronous_standby_names' rule and the walsenders now, when wait_for_synchronous_standbys is on.
+fn read_walsenders(client: &SpiClient<'_>) -> Result<(Option<SyncRule>, Vec<Walsender>), RelayError> {
+    let plan = prepared(client, SYNCHRONOUS_SQL, &[], false);
+    let row = client.select(&*plan, None, &[])?.first();
+    let rule = sync_rule(&row.get::<String>(1)?.unwrap_or_default());
+    let names: Vec<String> = row.get::<Vec<String>>(2)?.unwrap_or_default();
+    let flushed: Vec<i64> = row.get::<Vec<i64>>(3)?.unwrap_or_default();
+    let states: Vec<String> = row.get::<Vec<String>>(4)?.unwrap_or_default();
+    let walsenders = names
+        .into_iter()
+        .zip(flushed)
+        .zip(states)
+        .map(|((name, flushed), sync_state)| Walsender { name, flushed: flushed as Lsn, sync_state })
+        .collect();
+    Ok((rule, walsenders))
+}
+
+/// Which standby holds a batch read at `target` back now, if any, under the settings' rules.
+fn holdup_now(client: &SpiClient<'_>, required: &Required, target: Lsn) -> Result<Option<Holdup>, RelayError> {
+    if !required.slots.is_empty()
+        && let Some(h) = holdup(target, &read_slots(client, required)?)
+    {
+        return Ok(Some(h));
+    }
+    if required.synchronous {
+        let (rule, walsenders) = read_walsenders(client)?;
+        return Ok(synchronous_holdup(target, rule, &walsenders));
+    }
+    Ok(None)
 }
 
 /// Whether every required standby has confirmed `target` now, without waiting: for a batch read
@@ -230,7 +271,7 @@ fn read_standbys(client: &SpiClient<'_>, required: &Required) -> Result<Vec<Stan
 /// `wait`).
 pub fn confirmed(client: &SpiClient<'_>, target: Option<Lsn>) -> bool {
     let (Some(target), Some(required)) = (target, required()) else { return true };
-    read_standbys(client, &required).is_ok_and(|s| holdup(target, &s).is_none())
+    holdup_now(client, &required, target).is_ok_and(|h| h.is_none())
 }
 
 /// How long a batch waits for its standbys inside its transaction, holding its row locks and
@@ -273,7 +314,7 @@ enum Look {
 
 fn look(client: &SpiClient<'_>, target: Lsn) -> Result<Look, RelayError> {
     let Some(required) = required() else { return Ok(Look::Confirmed) };
-    Ok(match holdup(target, &read_standbys(client, &required)?) {
+    Ok(match holdup_now(client, &required, target)? {
         None => Look::Confirmed,
         Some(h) => Look::Behind(h),
     })
@@ -412,15 +453,45 @@ mod tests {
     }
 
     #[test]
-    fn synchronous_names_follow_postgres_grammar() {
-        assert_eq!(synchronous_names(""), Vec::<String>::new());
-        assert_eq!(synchronous_names("node2"), vec!["node2"]);
-        assert_eq!(synchronous_names("\"node2\""), vec!["node2"]);
-        assert_eq!(synchronous_names("a, b"), vec!["a", "b"]);
-        assert_eq!(synchronous_names("FIRST 1 (a, \"B c\")"), vec!["a", "B c"]);
-        assert_eq!(synchronous_names("2 (a,b,c)"), vec!["a", "b", "c"]);
-        assert_eq!(synchronous_names("ANY 1 (\"x\"\"y\", z)"), vec!["x\"y", "z"]);
-        assert_eq!(synchronous_names("*"), vec!["*"]);
+    fn synchronous_rules_follow_postgres_grammar() {
+        assert_eq!(sync_rule(""), None);
+        assert_eq!(sync_rule("\"node-2\""), Some(SyncRule::First(1)));
+        assert_eq!(sync_rule("a, b"), Some(SyncRule::First(1)));
+        assert_eq!(sync_rule("FIRST 2 (a, \"B c\", d)"), Some(SyncRule::First(2)));
+        assert_eq!(sync_rule("2 (a,b,c)"), Some(SyncRule::First(2)));
+        assert_eq!(sync_rule("any 1 (\"a-2\",\"a-3\",\"a-1\")"), Some(SyncRule::Any(1)));
+        assert_eq!(sync_rule("*"), Some(SyncRule::First(1)));
+    }
+
+    fn walsender(name: &str, flushed: Lsn, sync_state: &str) -> Walsender {
+        Walsender { name: name.into(), flushed, sync_state: sync_state.into() }
+    }
+
+    #[test]
+    fn under_first_every_synchronous_standby_must_have_the_batch() {
+        let ws = [walsender("n2", 90, "sync"), walsender("n3", 10, "async")];
+        let h = synchronous_holdup(100, Some(SyncRule::First(1)), &ws).unwrap();
+        assert_eq!((h.standby.as_str(), h.bytes), ("standby n2", Some(10)));
+        // An asynchronous standby far behind holds nothing back.
+        assert_eq!(synchronous_holdup(80, Some(SyncRule::First(1)), &ws), None);
+        assert_eq!(synchronous_holdup(100, None, &ws), None);
+    }
+
+    #[test]
+    fn under_any_the_quorum_decides() {
+        let ws = [walsender("a-2", 150, "quorum"), walsender("a-3", 40, "quorum")];
+        assert_eq!(synchronous_holdup(100, Some(SyncRule::Any(1)), &ws), None);
+        let h = synchronous_holdup(100, Some(SyncRule::Any(2)), &ws).unwrap();
+        assert_eq!((h.standby.as_str(), h.bytes), ("standby a-3", Some(60)));
+    }
+
+    #[test]
+    fn too_few_synchronous_standbys_connected_confirms_nothing() {
+        // Patroni names a member that is gone, or CloudNativePG lists the primary itself.
+        let h = synchronous_holdup(1, Some(SyncRule::First(1)), &[walsender("n3", 500, "async")]).unwrap();
+        assert_eq!(h.bytes, None);
+        assert_eq!(h.problem.as_deref(), Some("synchronous_standby_names asks for 1 synchronous standbys (FIRST) and 0 are connected"));
+        assert!(synchronous_holdup(1, Some(SyncRule::Any(2)), &[walsender("a-2", 5, "quorum")]).is_some());
     }
 
     #[test]
