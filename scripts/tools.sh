@@ -6,6 +6,10 @@
 #   varnish         Debian's varnish, varnish-modules (xkey) and hitch (TLS in front of Varnish)
 #   prometheus      Debian's prometheus (with promtool) and prometheus-postgres-exporter, for the
 #                   alert rules' tests and the monitoring page's exporter recipe
+#   etcd    3.4.x   Debian's etcd-server, the DCS of the Patroni drills (pg_test/patroni_harness.py)
+#   patroni 3.0.x   Debian's patroni (with python3-etcd, its etcd and etcd3 clients)
+#   patroni4 4.1.5  Patroni from PyPI in a virtualenv of its own, made from Debian's python3, every
+#                   package pinned in pg_test/patroni-requirements.txt and installed with --no-deps
 #
 # Usage: scripts/tools.sh [NAME ...]          install what is missing or stale (default: all), then
 #                                             print NAME=PATH of each binary on stdout
@@ -24,7 +28,8 @@ set -euo pipefail
 
 TOOLS=${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}
 BUILD=${FEATURE_OUTBOX_TOOLS_BUILD:-$TOOLS/.build}
-ALL=(tansu martin varnish prometheus)
+ALL=(tansu martin varnish prometheus etcd patroni patroni4)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 say() { printf 'tools: %s\n' "$*" >&2; }
 die() { printf 'tools: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -75,25 +80,126 @@ cargo_status() {
   echo fresh
 }
 
+# ---- a PyPI tool in a virtualenv of its own ----------------------------------------------------
+
+# "name version requirements-file" of a venv tool.
+venv_recipe() {
+  case "$1" in
+    patroni4) echo "patroni 4.1.5 pg_test/patroni-requirements.txt" ;;
+    *) return 1 ;;
+  esac
+}
+is_venv() { venv_recipe "$1" >/dev/null 2>&1; }
+VENV_PYTHON=/usr/bin/python3
+
+venv_pip_args() {
+  local pkg version reqs
+  read -r pkg version reqs < <(venv_recipe "$1")
+  echo install --no-deps --no-cache-dir --disable-pip-version-check -r "$reqs"
+}
+
+venv_hash() {
+  local pkg version reqs
+  read -r pkg version reqs < <(venv_recipe "$1")
+  { echo "$pkg $version"; cat "$ROOT/$reqs"; "$VENV_PYTHON" --version 2>&1; venv_pip_args "$1"; } | sha256sum | cut -c1-64
+}
+
+venv_dir() { local p v r; read -r p v r < <(venv_recipe "$1"); echo "$TOOLS/$p-$v"; }
+venv_freeze() { "$1/bin/python" -m pip freeze --all --disable-pip-version-check 2>/dev/null | sha256sum | cut -c1-64; }
+
+venv_status() {
+  local name=$1 dir stamp pkg version reqs want have
+  read -r pkg version reqs < <(venv_recipe "$name")
+  dir=$(venv_dir "$name"); stamp=$dir/STAMP
+  if [ ! -e "$dir" ]; then echo missing; return; fi
+  [ -f "$stamp" ] || { echo "stale: $dir has no stamp (not made by scripts/tools.sh, or interrupted)"; return; }
+  [ -x "$dir/bin/$pkg" ] || { echo "stale: the stamp's $dir/bin/$pkg is missing"; return; }
+  for kv in "tool=$name" "version=$version" "recipe=$(venv_hash "$name")"; do
+    grep -qxF "$kv" "$stamp" || {
+      have=$(grep -m1 "^${kv%%=*}=" "$stamp" || echo "${kv%%=*}=(none)")
+      echo "stale: stamp has $have, today's recipe ${kv}"; return; }
+  done
+  want=$(sed -n 's/^freeze=//p' "$stamp")
+  have=$(venv_freeze "$dir")
+  [ "$want" = "$have" ] || { echo "stale: $dir holds other packages than the stamp recorded (pip freeze sha256 $have, stamp $want)"; return; }
+  echo fresh
+}
+
+build_venv() {
+  local name=$1 dir log pkg version reqs t=$SECONDS why
+  read -r pkg version reqs < <(venv_recipe "$name")
+  dir=$(venv_dir "$name")
+  why=$(venv_status "$name")
+  if [ "$why" = fresh ]; then
+    say "$name $version: fresh, $(sed -n 's/^built=//p' "$dir/STAMP")"
+    return 0
+  fi
+  log=$TOOLS/logs/$name-$version.log
+  mkdir -p "$TOOLS/logs"
+  : >"$log"
+  say "$name $version: $why; installing $reqs from PyPI into $dir (log: $log)"
+  # A venv cannot be moved (its scripts name their interpreter by path): made in place, stamped
+  # last, so an interrupted install leaves a folder without a stamp, which is stale.
+  rm -rf "$dir"
+  run_logged "$name $version" "$VENV_PYTHON -m venv" "$log" "$VENV_PYTHON" -m venv "$dir"
+  run_logged "$name $version" "pip $(venv_pip_args "$name")" "$log" \
+    env -C "$ROOT" "$dir/bin/python" -m pip $(venv_pip_args "$name")
+  run_logged "$name $version" "pip check" "$log" "$dir/bin/python" -m pip check --disable-pip-version-check
+  run_logged "$name $version" "$pkg --version" "$log" "$dir/bin/$pkg" --version
+  grep -q " $version\$" <("$dir/bin/$pkg" --version) || die "$name: $dir/bin/$pkg --version is not $version (log: $log)"
+  {
+    echo "tool=$name"
+    echo "version=$version"
+    echo "recipe=$(venv_hash "$name")"
+    echo "freeze=$(venv_freeze "$dir")"
+    echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ) by scripts/tools.sh: $("$VENV_PYTHON" --version 2>&1) -m venv, pip $(venv_pip_args "$name")"
+  } >"$dir/STAMP"
+  [ "$(venv_status "$name")" = fresh ] || die "$name $version: the new venv does not check out: $(venv_status "$name")"
+  say "$name $version installed in $((SECONDS - t)) s"
+}
+
+# ---- Debian's packages ----------------------------------------------------------------------------
+
 # The Debian packages of an apt-installed tool.
 apt_packages() {
   case "$1" in
     varnish) echo varnish varnish-modules hitch ;;
     prometheus) echo prometheus prometheus-postgres-exporter ;;
+    etcd) echo etcd-server ;;
+    patroni) echo patroni python3-etcd ;;
+  esac
+}
+
+# The upstream version a tool's first package must have (Debian 12's), where the drills depend on it:
+# a later Debian release or a backport is another tool, and the status says so.
+apt_version() {
+  case "$1" in
+    etcd) echo 3.4. ;;
+    patroni) echo 3.0. ;;
   esac
 }
 
 apt_status() {
-  local p missing=()
+  local p missing=() want have
   for p in $(apt_packages "$1"); do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  if [ ${#missing[@]} -eq 0 ]; then echo fresh; else echo "missing: ${missing[*]}"; fi
+  if [ ${#missing[@]} -ne 0 ]; then echo "missing: ${missing[*]}"; return; fi
+  want=$(apt_version "$1")
+  if [ -n "$want" ]; then
+    read -r p _ < <(apt_packages "$1")
+    have=$(dpkg-query -W -f='${Version}' "$p")
+    case "$have" in
+      "$want"*) ;;
+      *) echo "stale: Debian's $p is $have, the drills expect ${want}x"; return ;;
+    esac
+  fi
+  echo fresh
 }
 
 is_apt() { [ -n "$(apt_packages "$1")" ]; }
 
-status() { if is_apt "$1"; then apt_status "$1"; else cargo_status "$1"; fi; }
+status() { if is_apt "$1"; then apt_status "$1"; elif is_venv "$1"; then venv_status "$1"; else cargo_status "$1"; fi; }
 
 # Runs "$@" with its output in $log; on failure, names the tool and step and shows the log's end.
 run_logged() {
@@ -150,8 +256,8 @@ install_apt() {
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   mkdir -p "$TOOLS/logs"; : >"$log"
   say "$name: ${why}; installing Debian's ${pkgs[*]}"
-  # The packages' services would start on their ports (Varnish 6081, hitch 443, Prometheus 9090);
-  # the tests start their own.
+  # The packages' services would start on their ports (Varnish 6081, hitch 443, Prometheus 9090,
+  # etcd 2379); the tests start their own.
   local policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
@@ -163,7 +269,7 @@ install_apt() {
   run_logged "$name" "apt-get install ${pkgs[*]}" "$log" env DEBIAN_FRONTEND=noninteractive \
     $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${pkgs[@]}"
   [ -z "$policy" ] || $sudo rm -f "$policy"
-  [ "$(apt_status "$name")" = fresh ] || die "$name: still $(apt_status "$name") after apt-get install (log: $log)"
+  [ "$(apt_status "$name")" = fresh ] || die "$name: $(apt_status "$name") after apt-get install (log: $log)"
   say "$name: installed in $((SECONDS - t)) s"
 }
 
@@ -176,7 +282,7 @@ ensure() {
     say "$name: another build holds $TOOLS/.$name.lock; waiting"
     flock "$fd"
   fi
-  if is_apt "$name"; then install_apt "$name"; else build_cargo "$name"; fi
+  if is_apt "$name"; then install_apt "$name"; elif is_venv "$name"; then build_venv "$name"; else build_cargo "$name"; fi
   exec {fd}>&-
 }
 
@@ -184,6 +290,9 @@ path_of() {
   case "$1" in
     varnish) command -v varnishd || echo /usr/sbin/varnishd ;;
     prometheus) command -v prometheus || echo /usr/bin/prometheus ;;
+    etcd) echo /usr/bin/etcd ;;
+    patroni) echo /usr/bin/patroni ;;
+    patroni4) echo "$(venv_dir patroni4)/bin/patroni" ;;
     *) bin_of "$1" ;;
   esac
 }
