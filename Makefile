@@ -83,11 +83,14 @@ bench-ab: setup
 ## faults: every fault drill in full (JetStream cluster, failover, outages, hostile receivers),
 ## against Debian's nats-server and PyPI's current one; writes pg_test/FAULTS.md. make test runs
 ## each drill in its short form. Then the alert rules end to end with the shipped thresholds
-## (pg_test/test_prometheus.py, about 15 minutes).
+## (pg_test/test_prometheus.py, about 15 minutes), and the Patroni failover drill in full: Debian's
+## Patroni 3.0 and PyPI's 4.1.5, each gate of issue 54 the build has, 10 runs each with the pause
+## and the kill at random points; writes pg_test/PATRONI.md (about 1.5 minutes a run).
 faults: install-test
 	$(VENV)/bin/python pg_test/faults.py
 	$(VENV)/bin/python pg_test/failover_drills.py 10
 	FEATURE_OUTBOX_ALERTS_FULL=1 bash pg_test/run.sh pg_test/test_prometheus.py
+	$(VENV)/bin/python pg_test/patroni_drills.py
 
 ## package: dist/postgresql-$(PG)-feature-outbox_<version>-1_amd64.deb, built in that major's root
 ## (15: on the host, which is that root's Debian 12).
