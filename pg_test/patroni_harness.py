@@ -14,8 +14,8 @@ Every relay setting is set ONCE for the whole cluster, in Patroni's dynamic conf
 shared_preload_libraries, feature_outbox.database, feature_outbox.endpoint and the rest. Both Patroni
 versions pass a dotted name such as feature_outbox.endpoint through to postgresql.conf unchecked
 (3.0: `if '.' in name: return value`; 4.x: the same, unless the name is one of its own validators'),
-while an unknown plain name is dropped with "Removing unexpected parameter". docs/src/patroni.md has
-the recipe.
+while an unknown plain name is dropped with "WARNING: Removing invalid parameter `name` from
+postgresql.parameters" in Patroni's log (seen on 3.0.2 and 4.1.5). docs/src/patroni.md has the recipe.
 
     with PatroniCluster(RUN_DIR / "patroni", "4.1.5", parameters={...}) as pc:
         pc.start()
