@@ -23,15 +23,16 @@ One run:
     the leader's relay is held (0 without a gate; <= ttl + a few seconds with one), and when Patroni
     reacts (synchronous_standby_names rewritten, the lost member's slot dropped).
 
-Gates (issue 54's settings, which the relay does not have yet; a gated variant is skipped while
-`SHOW <setting>` fails on this build):
+Gates (issue 54's settings; a gated variant is skipped on a build without its setting, where
+`SHOW <setting>` fails):
     none    asynchronous replication, no gate: invented > 0 expected in most runs
     sync    Patroni synchronous_mode: true, synchronous_commit = local (editors never wait), and
             feature_outbox.wait_for_synchronous_standbys = on
-    slots   feature_outbox.standby_slots = every member's slot ('node_1,node_2,node_3', the same
-            list on every member; a member has no slot of its own), member_slots_ttl = 0 on 4.x
+(feature_outbox.standby_slots has no variant: one cluster-wide list would name each member's own
+slot, which it does not have, and the gate waits for a missing slot rather than skip it; docs,
+Failover.)
 
-    .venv/bin/python pg_test/patroni_drills.py [--short] [--versions 3.0,4.1.5] [--gates none,sync,slots]
+    .venv/bin/python pg_test/patroni_drills.py [--short] [--versions 3.0,4.1.5] [--gates none,sync]
                                                [--runs 10] [--out pg_test/PATRONI.md]
 """
 
@@ -88,11 +89,6 @@ GATES = {
     "sync": Gate("sync", "feature_outbox.wait_for_synchronous_standbys",
                  {"synchronous_commit": "local", "feature_outbox.wait_for_synchronous_standbys": "on"},
                  {"synchronous_mode": True}),
-    # member_slots_ttl (4.0+, default 30min) keeps a lost member's slot, and with it a gate that
-    # waits for the slot, for 30 minutes; 0 drops it when the member key expires, as 3.0 does.
-    "slots": Gate("slots", "feature_outbox.standby_slots",
-                  {"feature_outbox.standby_slots": ",".join(slot_name(f"node-{i + 1}") for i in range(MEMBERS))},
-                  {}, {"member_slots_ttl": 0}),
 }
 
 
