@@ -9,7 +9,7 @@ use super::fault_points::crash_if_requested;
 use super::mark::{Published, mark};
 use super::pipeline::{Pipeline, Taken};
 use super::publish::publish;
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::standby_gate;
 use super::transaction::in_transaction_try;
 use crate::relay_state::WorkerState;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use super::error::RelayError;
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::{poll_interval, reload_if_asked, source, stopping};
 use crate::backoff;
 use crate::settings;

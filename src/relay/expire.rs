@@ -18,7 +18,7 @@ use pgrx::spi::SpiClient;
 
 use super::error::RelayError;
 use super::expire_math::{self, Computed, Queued, Zooms};
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::transaction::{in_transaction_try, in_transaction_or_abort};
 use crate::backoff;
 use crate::plans::prepared;

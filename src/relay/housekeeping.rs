@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 
 use super::error::RelayError;
 use super::low_water::{self, LowWater};
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::transaction::{in_transaction_try, kept_one};
 use crate::relay_state::{RELAY, now, this_database};
 use crate::settings;

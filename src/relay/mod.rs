@@ -8,7 +8,7 @@
 //! - housekeeping.rs: worker 0's periodic jobs; low_water.rs the claim's low-water mark;
 //! - connection.rs: the sink (sinks/) and its backoff; schema.rs, retries.rs: when to wait;
 //! - standby_gate.rs: publish only what the standbys the settings name have confirmed;
-//! - error.rs: RelayError; transaction.rs: the worker's own transactions; slot.rs: its shared
+//! - error.rs: RelayError; transaction.rs: the worker's own transactions; worker_slot.rs: its shared
 //!   memory; fault_points.rs: test builds' entry points.
 
 use std::time::Duration;
@@ -20,7 +20,7 @@ use pgrx::prelude::*;
 use crate::relay_state::{MAX_SLOTS, RELAY, WorkerState};
 use crate::settings;
 pub use standby_gate::parse_slot_list;
-use slot::{WorkerSlot, update_slot};
+use worker_slot::{WorkerSlot, update_slot};
 use worker::Worker;
 
 mod batch;
@@ -37,10 +37,10 @@ mod pipeline;
 mod publish;
 mod retries;
 mod schema;
-mod slot;
 mod standby_gate;
 mod transaction;
 mod worker;
+mod worker_slot;
 
 /// The release whose SQL this library runs; the relay waits until the schema is at it.
 const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");

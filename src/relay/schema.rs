@@ -3,7 +3,7 @@
 use pgrx::prelude::*;
 
 use super::error::RelayError;
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::transaction::{in_transaction_try, kept_one};
 use super::{LIBRARY_VERSION, WORKER_IDENTITY, exit_worker};
 use crate::relay_state::{Presence, RELAY, WorkerState, this_database};

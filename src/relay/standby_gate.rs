@@ -31,7 +31,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use super::error::RelayError;
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::transaction::in_transaction_try;
 use super::{reload_if_asked, stopping};
 use crate::plans::prepared;

@@ -14,7 +14,7 @@ use super::housekeeping::{Housekeeping, Phase};
 use super::pipeline::Pipeline;
 use super::retries::Retries;
 use super::schema::SchemaCheck;
-use super::slot::WorkerSlot;
+use super::worker_slot::WorkerSlot;
 use super::standby_gate;
 use super::{poll_interval, reload_if_asked, stopping};
 use crate::relay_state::WorkerState;

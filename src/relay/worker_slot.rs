@@ -1,4 +1,5 @@
-//! This worker's slot in shared memory, where the monitoring views read its state and figures.
+//! This worker's place in shared memory (its worker slot), where the monitoring views read its state
+//! and figures. Named apart from PostgreSQL's replication slots, which standby_gate.rs reads.
 
 use super::mark::Published;
 use super::standby_gate::Holdup;
