@@ -129,14 +129,20 @@ def test_a_slot_that_cannot_confirm_is_waited_for_and_said(pair, nats_server):
              10, "the logical slot to be named")
     assert event not in received_ids(nats_server)
 
-    # Availability chosen: past standby_wait_timeout the batch goes out, with a WARNING, counted.
-    alter_system(primary, {"feature_outbox.standby_wait_timeout": "300ms"})
+    # Availability chosen: past standby_wait_timeout the batch goes out, with a WARNING, counted;
+    # and every batch after it goes out at once while the standby still cannot confirm (one
+    # WARNING for the whole wait), rather than one batch per timeout.
+    alter_system(primary, {"feature_outbox.standby_wait_timeout": "2s"})
     wait_for(lambda: event in received_ids(nats_server), 10, "the event published unconfirmed")
-    w = one(primary, "SELECT standby_unconfirmed_batches FROM feature_outbox.workers")
-    assert w["standby_unconfirmed_batches"] >= 1
-    assert "unconfirmed by slot nosuch" in primary.log() and "WARNING" in primary.log()
+    later, _ = edit(primary, 3, 1)
+    asked = time.monotonic()
+    wait_for(lambda: later in received_ids(nats_server), 10, "the next event, unconfirmed too")
+    assert time.monotonic() - asked < 1.0, "a batch after the timeout waited for the timeout again"
+    w = one(primary, "SELECT standby_unconfirmed_batches, standby_waiting_on FROM feature_outbox.workers")
+    assert w["standby_unconfirmed_batches"] >= 2 and w["standby_waiting_on"] == "slot nosuch", w
+    assert primary.log().count("unconfirmed by slot nosuch") == 1, "one WARNING per wait, not per batch"
     m = one(primary, "SELECT feature_outbox.metrics() AS m")["m"]
-    assert value(m, "outbox_standby_unconfirmed_batches_total") >= 1
+    assert value(m, "outbox_standby_unconfirmed_batches_total") >= 2
 
     # Taken out of the list: confirmed again at once.
     with primary.connect(DB) as conn:
@@ -146,12 +152,21 @@ def test_a_slot_that_cannot_confirm_is_waited_for_and_said(pair, nats_server):
     wait_for(lambda: second in received_ids(nats_server), 10, "the next event")
 
 
-def test_a_slot_list_postgres_could_not_name_is_refused(pair):
+def test_a_value_that_names_no_slots_holds_publishing(pair, nats_server):
+    """A typo must never turn the gate off: postgresql.conf (where Patroni writes) would drop a value
+    the setting refused and fall back to none. Any value is taken; one that is no list of slot names
+    holds publishing and says why."""
     primary, _ = pair
-    with primary.connect() as conn:
-        for bad in ("Replica1", "a,,b", "a-b", "replica1, replica1"):
-            with pytest.raises(psycopg.errors.InvalidParameterValue):
-                conn.execute(f"ALTER SYSTEM SET feature_outbox.standby_slots = '{bad}'")
+    alter_system(primary, {"feature_outbox.standby_slots": "Replica-1"})
+    event, _ = edit(primary, 1, 1)
+    time.sleep(1.5)
+    assert event not in received_ids(nats_server)
+    b = one(primary, "SELECT relay_last_error FROM feature_outbox.backlog")
+    assert "feature_outbox.standby_slots is not a list of slot names" in (b["relay_last_error"] or ""), b
+    assert '"Replica-1" is not a replication slot name' in b["relay_last_error"], b
+    alter_system(primary, {"feature_outbox.standby_slots": SLOT})
+    wait_for(lambda: event in received_ids(nats_server), 10, "the event once the value is corrected")
+    assert one(primary, "SELECT relay_last_error FROM feature_outbox.backlog")["relay_last_error"] is None
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["standby_slots", "no_gate"])
@@ -172,3 +187,39 @@ def test_failover_drill(gated):
         assert (outcome.invented, outcome.double_versions) == (0, 0), outcome
     else:
         assert outcome.invented > 0, f"the ungated drill invented nothing: the pause did not bite ({outcome})"
+
+
+def test_tiles_wait_like_events_even_for_a_slot_made_since(nats_server):
+    """An expire output's tiles wait for the standbys as events do, and a slot dropped and made
+    again (reserved: its restart_lsn the last checkpoint's) confirms neither an event nor tiles read
+    before it (the hostile review found tiles delivered on a chunk's old position)."""
+    c = Cluster(RUN_DIR / "gate-tiles", free_port())
+    c.start(f"feature_outbox.database = '{DB}'", f"feature_outbox.endpoint = '{nats_server.url}'",
+            "feature_outbox.poll_interval = '500ms'", f"feature_outbox.standby_slots = '{SLOT}'")
+    try:
+        c.create_db(DB)
+        with c.connect(DB) as conn:
+            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (SLOT,))
+            conn.execute("SELECT feature_outbox.define_expire_output('tiles', 10, \"table\" => 'public.expire_tiles')")
+            conn.execute("CREATE TABLE public.parcels (id bigint PRIMARY KEY, geom geometry(Polygon, 4326) NOT NULL, "
+                         "version integer NOT NULL DEFAULT 0, name text)")
+            conn.execute("SELECT feature_outbox.register_layer('parcels', 'public.parcels', properties => '{name}')")
+            conn.execute("SELECT feature_outbox.expire_layer('parcels', 'tiles')")
+            conn.execute("""SELECT feature_outbox.edit_feature('parcels', 1, ST_MakeEnvelope(13.60, 52.50, 13.61, 52.51, 4326),
+                                                              'created', '{"name": "a"}')""")
+            time.sleep(1.5)
+            tiles = lambda: conn.execute("SELECT count(*) FROM public.expire_tiles").fetchone()[0]
+            assert tiles() == 0, "tiles went out unconfirmed"
+            conn.execute("CHECKPOINT")
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (SLOT,))
+            time.sleep(2.0)
+            event = conn.execute("SELECT event_id::text FROM feature_outbox.outbox WHERE layer = 'parcels'").fetchone()[0]
+            assert tiles() == 0, "tiles went out on a slot no standby has streamed from since their edit"
+            assert event not in received_ids(nats_server)
+            # The gate off: both go out.
+            alter_system(c, {"feature_outbox.standby_slots": None})
+            wait_for(lambda: tiles() > 0 and event in received_ids(nats_server), 10, "tiles and the event once the gate is off")
+    finally:
+        c.stop()

@@ -93,6 +93,8 @@ pub struct Slot {
     /// past feature_outbox.standby_wait_timeout, since server start.
     pub standby_held_batches: i64,
     pub standby_unconfirmed_batches: i64,
+    /// Of those, the ones of the current wait (the WARNING comes with the first).
+    pub standby_unconfirmed_in_wait: i64,
 }
 
 impl Default for Slot {
@@ -121,6 +123,7 @@ impl Default for Slot {
             standby_wait_bytes: 0,
             standby_held_batches: 0,
             standby_unconfirmed_batches: 0,
+            standby_unconfirmed_in_wait: 0,
         }
     }
 }

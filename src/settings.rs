@@ -416,19 +416,17 @@ unsafe fn check_string(newval: *mut *mut std::ffi::c_char, check: impl FnOnce(&s
 /// The standby gate's settings (relay/standby_gate.rs), reload-level: one value for the server,
 /// set once for every member of an HA cluster (Patroni's dynamic configuration).
 fn standby_gate() {
-    unsafe {
-        GucRegistry::define_string_guc_with_hooks(
-            c"feature_outbox.standby_slots",
-            c"Physical replication slots whose standbys must confirm a batch's WAL before the relay publishes it; empty for none.",
-            c"Comma-separated slot names, as synchronized_standby_slots. Editors never wait; a missing, logical or invalidated slot is waited for and reported.",
-            &STANDBY_SLOTS,
-            GucContext::Sighup,
-            GucFlags::default(),
-            Some(check_standby_slots),
-            None,
-            None,
-        );
-    }
+    // No check hook: a value rejected in postgresql.conf (where Patroni writes its parameters)
+    // would fall back to the default, no gate, with a WARNING alone. Any value is taken, and one
+    // that is no list of slot names holds publishing and says why (standby_gate.rs).
+    GucRegistry::define_string_guc(
+        c"feature_outbox.standby_slots",
+        c"Physical replication slots whose standbys must confirm a batch's WAL before the relay publishes it; empty for none.",
+        c"Comma-separated slot names, as synchronized_standby_slots. Editors never wait; a missing, logical or invalidated slot, or a value that is no list of slot names, is waited for and reported.",
+        &STANDBY_SLOTS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"feature_outbox.wait_for_synchronous_standbys",
         c"Whether the relay publishes a batch only after the synchronous standbys of synchronous_standby_names flushed its WAL.",
@@ -447,12 +445,6 @@ fn standby_gate() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
-}
-
-/// Refuses a slot list PostgreSQL could not name slots by, when it is set (22023).
-#[pg_guard]
-unsafe extern "C-unwind" fn check_standby_slots(newval: *mut *mut std::ffi::c_char, _extra: *mut *mut std::ffi::c_void, _source: pg_sys::GucSource::Type) -> bool {
-    unsafe { check_string(newval, |v| crate::relay::parse_slot_list(v).map(|_| ())) }
 }
 
 /// Refuses a resolution list that is not strictly ascending 0–15 when it is set (22023).

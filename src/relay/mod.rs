@@ -19,7 +19,6 @@ use pgrx::prelude::*;
 
 use crate::relay_state::{MAX_SLOTS, RELAY, WorkerState};
 use crate::settings;
-pub use standby_gate::parse_slot_list;
 use worker_slot::{WorkerSlot, update_slot};
 use worker::Worker;
 

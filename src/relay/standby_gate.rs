@@ -45,13 +45,20 @@ pub type Lsn = u64;
 pub struct Required {
     pub slots: Vec<String>,
     pub synchronous: bool,
+    /// feature_outbox.standby_slots holds something that is no list of slot names (a typo in
+    /// postgresql.conf, which the setting's check accepts there): the gate stays closed and says
+    /// why, rather than fall open as a setting rejected at startup would (its default, none).
+    pub malformed: Option<String>,
 }
 
 /// The settings' standbys, or None when neither setting names any (the default: no gate).
 pub fn required() -> Option<Required> {
-    let slots = parse_slot_list(&settings::string(&settings::STANDBY_SLOTS)).unwrap_or_default();
+    let (slots, malformed) = match parse_slot_list(&settings::string(&settings::STANDBY_SLOTS)) {
+        Ok(slots) => (slots, None),
+        Err(why) => (Vec::new(), Some(why)),
+    };
     let synchronous = settings::WAIT_FOR_SYNCHRONOUS_STANDBYS.get();
-    (synchronous || !slots.is_empty()).then_some(Required { slots, synchronous })
+    (synchronous || !slots.is_empty() || malformed.is_some()).then_some(Required { slots, synchronous, malformed })
 }
 
 /// True when a batch must wait for standbys: the hot path skips reading positions otherwise.
@@ -189,16 +196,17 @@ SELECT n.name, r.slot_type, (r.restart_lsn - '0/0'::pg_catalog.pg_lsn)::int8, r.
   FROM pg_catalog.unnest($1::text[]) WITH ORDINALITY n(name, i)
   LEFT JOIN pg_catalog.pg_replication_slots r ON r.slot_name = n.name
  ORDER BY n.i";
-// The walsenders of physical standbys: what each has flushed and PostgreSQL's own synchronous
-// verdict on it, with synchronous_standby_names.
+// The walsenders of physical standbys (a logical client, which PostgreSQL may count as synchronous,
+// is no standby that could be promoted): what each has flushed and PostgreSQL's own synchronous
+// verdict on it, read in one scan so that the three arrays line up, with synchronous_standby_names.
 const SYNCHRONOUS_SQL: &str = "
 SELECT pg_catalog.current_setting('synchronous_standby_names'),
-       (SELECT pg_catalog.array_agg(s.application_name ORDER BY s.pid)
-          FROM pg_catalog.pg_stat_replication s WHERE s.flush_lsn IS NOT NULL),
-       (SELECT pg_catalog.array_agg((s.flush_lsn - '0/0'::pg_catalog.pg_lsn)::int8 ORDER BY s.pid)
-          FROM pg_catalog.pg_stat_replication s WHERE s.flush_lsn IS NOT NULL),
-       (SELECT pg_catalog.array_agg(s.sync_state ORDER BY s.pid)
-          FROM pg_catalog.pg_stat_replication s WHERE s.flush_lsn IS NOT NULL)";
+       pg_catalog.array_agg(s.application_name ORDER BY s.pid),
+       pg_catalog.array_agg((s.flush_lsn - '0/0'::pg_catalog.pg_lsn)::int8 ORDER BY s.pid),
+       pg_catalog.array_agg(s.sync_state ORDER BY s.pid)
+  FROM (SELECT w.* FROM pg_catalog.pg_stat_replication w) s
+ WHERE s.flush_lsn IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots r WHERE r.active_pid = s.pid AND r.slot_type = 'logical')";
 const POSITION_SQL: &str = "SELECT (pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_catalog.pg_lsn)::int8";
 
 /// The position a batch was read at: the end of WAL inserted so far, past every commit the batch's
@@ -254,6 +262,13 @@ fn read_walsenders(client: &SpiClient<'_>) -> Result<(Option<SyncRule>, Vec<Wals
 
 /// Which standby holds a batch read at `target` back now, if any, under the settings' rules.
 fn holdup_now(client: &SpiClient<'_>, required: &Required, target: Lsn) -> Result<Option<Holdup>, RelayError> {
+    if let Some(why) = &required.malformed {
+        return Ok(Some(Holdup {
+            standby: "feature_outbox.standby_slots".into(),
+            bytes: None,
+            problem: Some(format!("feature_outbox.standby_slots is not a list of slot names, so no standby can confirm: {why}")),
+        }));
+    }
     if !required.slots.is_empty()
         && let Some(h) = holdup(target, &read_slots(client, required)?)
     {
@@ -333,20 +348,24 @@ pub fn check(me: &WorkerSlot, client: &SpiClient<'_>, target: Option<Lsn>, what:
     loop {
         let holdup = match look(client, target)? {
             Look::Confirmed => {
-                released(me, false);
+                released(me);
                 return Ok(());
             }
             Look::Behind(h) => h,
         };
         if past_timeout() {
-            let behind = holdup.problem.clone().unwrap_or_else(|| format!("{} bytes behind", holdup.bytes.unwrap_or(0)));
-            warning!(
-                "{}: publishing {what} unconfirmed by {} ({behind}) after feature_outbox.standby_wait_timeout ({} ms): a failover to that standby now would leave subscribers with events of edits it does not have",
-                me.tag,
-                holdup.standby,
-                settings::millis(&settings::STANDBY_WAIT_TIMEOUT_MS).as_millis()
-            );
-            released(me, true);
+            // Availability chosen: until the standby confirms again every batch goes out at once,
+            // each counted; the WARNING comes once per held period, not per batch.
+            holding(me, &holdup);
+            if me.standby_published_unconfirmed() {
+                let behind = holdup.problem.clone().unwrap_or_else(|| format!("{} bytes behind", holdup.bytes.unwrap_or(0)));
+                warning!(
+                    "{}: publishing {what}, and what follows until it confirms again, unconfirmed by {} ({behind}) after feature_outbox.standby_wait_timeout ({} ms): a failover to that standby now would leave subscribers with events of edits it does not have",
+                    me.tag,
+                    holdup.standby,
+                    settings::millis(&settings::STANDBY_WAIT_TIMEOUT_MS).as_millis()
+                );
+            }
             return Ok(());
         }
         if started.elapsed() >= IN_TRANSACTION {
@@ -406,29 +425,39 @@ fn holding(me: &WorkerSlot, holdup: &Holdup) {
     say(me, holdup.problem.as_deref());
 }
 
-/// Publishing goes on: confirmed, or `unconfirmed` past standby_wait_timeout.
-fn released(me: &WorkerSlot, unconfirmed: bool) {
+/// Publishing goes on: every required standby confirmed the batch.
+fn released(me: &WorkerSlot) {
     let was_held = HELD.with(|h| h.borrow_mut().since.take().is_some());
-    if was_held || unconfirmed {
-        me.standby_wait_ended(unconfirmed);
+    if was_held {
+        me.standby_wait_ended(false);
+        HELD.with(|h| {
+            if h.borrow_mut().said.take().is_some() {
+                me.clear_error();
+            }
+        });
+        log!("{}: every standby the settings name has the edits again; publishing", me.tag);
     }
-    say(me, None);
 }
 
-/// Logs and records a standby that cannot confirm, once while it lasts; and once that it can again.
+/// Logs and records a standby that cannot confirm, once while it lasts. Once it can confirm again
+/// (its slot is back, it reconnected) and is merely behind, that is logged and the error cleared.
 fn say(me: &WorkerSlot, problem: Option<&str>) {
     HELD.with(|h| {
         let mut h = h.borrow_mut();
         if h.said.as_deref() == problem {
             return;
         }
-        match problem {
-            Some(p) => {
+        match (problem, &h.said) {
+            (Some(p), _) => {
                 let text = format!("waiting for standby: {p}");
                 log!("{}: {text}; publishing waits for it (feature_outbox.standby_slots, wait_for_synchronous_standbys)", me.tag);
                 me.record_error(&text);
             }
-            None => log!("{}: every standby the settings name confirms again; publishing", me.tag),
+            (None, Some(_)) => {
+                log!("{}: the standbys the settings name can confirm again; publishing waits for them to catch up", me.tag);
+                me.clear_error();
+            }
+            (None, None) => {}
         }
         h.said = problem.map(str::to_string);
     });

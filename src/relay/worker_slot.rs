@@ -97,6 +97,24 @@ impl WorkerSlot {
         });
     }
 
+    /// A batch goes out unconfirmed past standby_wait_timeout while the wait goes on; true for the
+    /// first of the held period (the one the WARNING names).
+    pub fn standby_published_unconfirmed(&self) -> bool {
+        let mut first = false;
+        update_slot(self.slot, |s| {
+            first = s.standby_unconfirmed_in_wait == 0;
+            s.standby_unconfirmed_in_wait += 1;
+            s.standby_unconfirmed_batches += 1;
+            s.state = WorkerState::Publishing;
+        });
+        first
+    }
+
+    /// The current error is no longer current (the worker still shows it as the last one).
+    pub fn clear_error(&self) {
+        update_slot(self.slot, |s| s.error_active = false);
+    }
+
     /// The wait is over: confirmed, or `unconfirmed` (past standby_wait_timeout), or SIGTERM.
     pub fn standby_wait_ended(&self, unconfirmed: bool) {
         update_slot(self.slot, |s| {
@@ -104,6 +122,7 @@ impl WorkerSlot {
             s.standby_wait_bytes = 0;
             s.set_standby_waiting_on("");
             s.standby_unconfirmed_batches += unconfirmed as i64;
+            s.standby_unconfirmed_in_wait = 0;
             if s.state == WorkerState::WaitingForStandby {
                 s.state = WorkerState::Publishing;
             }
