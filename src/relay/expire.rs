@@ -335,15 +335,13 @@ fn step(
     }
     let next = read(client, output, me)?;
     let read_at = started.elapsed();
-    let Some((ids, c, wal_read_at)) = ready else {
+    let Some((ids, c, _)) = ready else {
         return Ok((next, false));
     };
-    // The position now, not the chunk's: it is past the chunk's edits too, and a slot created
-    // since (its restart_lsn the last checkpoint's) cannot confirm the chunk on an old position.
-    let now_at = match wal_read_at {
-        Some(_) => super::standby_gate::read_position(client)?,
-        None => None,
-    };
+    // The position now, not the chunk's (`read_at`, which only spares a wait in a transaction): it
+    // is past the chunk's edits too, and a slot created since (its restart_lsn the last
+    // checkpoint's) cannot confirm the chunk on an old position.
+    let now_at = super::standby_gate::read_position(client)?;
     super::standby_gate::check(me, client, now_at, &format!("the tiles of {} edits (expire output {})", ids.len(), output.name))?;
     for note in &c.notes {
         log!("{}: {note}", me.tag);

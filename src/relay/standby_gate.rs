@@ -61,11 +61,6 @@ pub fn required() -> Option<Required> {
     (synchronous || !slots.is_empty() || malformed.is_some()).then_some(Required { slots, synchronous, malformed })
 }
 
-/// True when a batch must wait for standbys: the hot path skips reading positions otherwise.
-pub fn on() -> bool {
-    settings::WAIT_FOR_SYNCHRONOUS_STANDBYS.get() || !settings::string(&settings::STANDBY_SLOTS).trim().is_empty()
-}
-
 /// A comma-separated list of physical slot names, as PostgreSQL names slots (ReplicationSlot-
 /// ValidateName: 1 to 63 of a-z, 0-9 and _). Empty entries around commas are an error; an empty
 /// list is the gate off.
@@ -130,7 +125,8 @@ pub struct Walsender {
 /// would wait too). An HA manager that promotes only a synchronous standby (Patroni's
 /// synchronous_mode) thus never promotes one without the batch's edits.
 pub fn synchronous_holdup(target: Lsn, rule: Option<SyncRule>, walsenders: &[Walsender]) -> Option<Holdup> {
-    let (n, state, how) = match rule? {
+    let rule = rule?;
+    let (n, state, how) = match rule {
         SyncRule::First(n) => (n, "sync", "FIRST"),
         SyncRule::Any(n) => (n, "quorum", "ANY"),
     };
@@ -150,7 +146,10 @@ pub fn synchronous_holdup(target: Lsn, rule: Option<SyncRule>, walsenders: &[Wal
     }
     // The position n of them have: under FIRST every chosen one counts; under ANY the n-th best.
     chosen.sort_by(|a, b| b.flushed.cmp(&a.flushed));
-    let deciding = if how == "FIRST" { chosen[chosen.len() - 1] } else { chosen[n - 1] };
+    let deciding = match rule {
+        SyncRule::First(_) => chosen[chosen.len() - 1],
+        SyncRule::Any(_) => chosen[n - 1],
+    };
     (deciding.flushed < target).then(|| Holdup {
         standby: format!("standby {}", deciding.name),
         bytes: Some(target - deciding.flushed),
@@ -204,7 +203,7 @@ SELECT pg_catalog.current_setting('synchronous_standby_names'),
        pg_catalog.array_agg(s.application_name ORDER BY s.pid),
        pg_catalog.array_agg((s.flush_lsn - '0/0'::pg_catalog.pg_lsn)::int8 ORDER BY s.pid),
        pg_catalog.array_agg(s.sync_state ORDER BY s.pid)
-  FROM (SELECT w.* FROM pg_catalog.pg_stat_replication w) s
+  FROM pg_catalog.pg_stat_replication s
  WHERE s.flush_lsn IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots r WHERE r.active_pid = s.pid AND r.slot_type = 'logical')";
 const POSITION_SQL: &str = "SELECT (pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_catalog.pg_lsn)::int8";
@@ -213,7 +212,7 @@ const POSITION_SQL: &str = "SELECT (pg_catalog.pg_current_wal_insert_lsn() - '0/
 /// snapshot sees (a commit record is inserted before its transaction becomes visible). Read after
 /// the batch's statements. None when the gate is off.
 pub fn read_position(client: &SpiClient<'_>) -> Result<Option<Lsn>, RelayError> {
-    if !on() {
+    if required().is_none() {
         return Ok(None);
     }
     let plan = prepared(client, POSITION_SQL, &[], false);
@@ -221,24 +220,22 @@ pub fn read_position(client: &SpiClient<'_>) -> Result<Option<Lsn>, RelayError> 
 }
 
 /// What each named slot's standby has confirmed now.
-fn read_slots(client: &SpiClient<'_>, required: &Required) -> Result<Vec<Standby>, RelayError> {
+fn read_slots(client: &SpiClient<'_>, slots: &[String]) -> Result<Vec<Standby>, RelayError> {
     let mut standbys = Vec::new();
-    if !required.slots.is_empty() {
-        let plan = prepared(client, SLOTS_SQL, &[pg_sys::TEXTARRAYOID], false);
-        for row in client.select(&*plan, None, &[required.slots.clone().into()])? {
-            let name = row.get::<String>(1)?.unwrap_or_default();
-            let kind = row.get::<String>(2)?;
-            let restart = row.get::<i64>(3)?;
-            let status = row.get::<String>(4)?.unwrap_or_default();
-            let confirmed = match (kind.as_deref(), restart) {
-                (None, _) => Err(format!("replication slot \"{name}\" does not exist")),
-                (Some("logical"), _) => Err(format!("replication slot \"{name}\" is a logical slot; feature_outbox.standby_slots names physical slots")),
-                (_, None) if status == "lost" => Err(format!("replication slot \"{name}\" is invalidated (wal_status lost); its standby must be rebuilt, or the slot taken out of feature_outbox.standby_slots")),
-                (_, None) => Err(format!("replication slot \"{name}\" has no confirmed position yet (no standby has streamed from it)")),
-                (_, Some(lsn)) => Ok(lsn as Lsn),
-            };
-            standbys.push(Standby { name: format!("slot {name}"), confirmed });
-        }
+    let plan = prepared(client, SLOTS_SQL, &[pg_sys::TEXTARRAYOID], false);
+    for row in client.select(&*plan, None, &[slots.to_vec().into()])? {
+        let name = row.get::<String>(1)?.unwrap_or_default();
+        let kind = row.get::<String>(2)?;
+        let restart = row.get::<i64>(3)?;
+        let status = row.get::<String>(4)?.unwrap_or_default();
+        let confirmed = match (kind.as_deref(), restart) {
+            (None, _) => Err(format!("replication slot \"{name}\" does not exist")),
+            (Some("logical"), _) => Err(format!("replication slot \"{name}\" is a logical slot; feature_outbox.standby_slots names physical slots")),
+            (_, None) if status == "lost" => Err(format!("replication slot \"{name}\" is invalidated (wal_status lost); its standby must be rebuilt, or the slot taken out of feature_outbox.standby_slots")),
+            (_, None) => Err(format!("replication slot \"{name}\" has no confirmed position yet (no standby has streamed from it)")),
+            (_, Some(lsn)) => Ok(lsn as Lsn),
+        };
+        standbys.push(Standby { name: format!("slot {name}"), confirmed });
     }
     Ok(standbys)
 }
@@ -270,7 +267,7 @@ fn holdup_now(client: &SpiClient<'_>, required: &Required, target: Lsn) -> Resul
         }));
     }
     if !required.slots.is_empty()
-        && let Some(h) = holdup(target, &read_slots(client, required)?)
+        && let Some(h) = holdup(target, &read_slots(client, &required.slots)?)
     {
         return Ok(Some(h));
     }
@@ -283,7 +280,7 @@ fn holdup_now(client: &SpiClient<'_>, required: &Required, target: Lsn) -> Resul
 
 /// Whether every required standby has confirmed `target` now, without waiting: for a batch read
 /// ahead, sent ahead only when it has (else it goes out later, in its own transaction, through
-/// `wait`).
+/// `check`).
 pub fn confirmed(client: &SpiClient<'_>, target: Option<Lsn>) -> bool {
     let (Some(target), Some(required)) = (target, required()) else { return true };
     holdup_now(client, &required, target).is_ok_and(|h| h.is_none())
@@ -320,19 +317,13 @@ fn pause(waited: Duration) -> Duration {
     }
 }
 
-/// What one look found.
-enum Look {
-    /// Every required standby has `target`, or the settings name none now.
-    Confirmed,
-    Behind(Holdup),
-}
-
-fn look(client: &SpiClient<'_>, target: Lsn) -> Result<Look, RelayError> {
-    let Some(required) = required() else { return Ok(Look::Confirmed) };
-    Ok(match holdup_now(client, &required, target)? {
-        None => Look::Confirmed,
-        Some(h) => Look::Behind(h),
-    })
+/// Which standby holds `target` back now; None when every required standby has it, or the
+/// settings name none now.
+fn look(client: &SpiClient<'_>, target: Lsn) -> Result<Option<Holdup>, RelayError> {
+    match required() {
+        Some(required) => holdup_now(client, &required, target),
+        None => Ok(None),
+    }
 }
 
 /// In the batch's transaction, before anything of it goes out: Ok when every required standby has
@@ -346,12 +337,9 @@ pub fn check(me: &WorkerSlot, client: &SpiClient<'_>, target: Option<Lsn>, what:
     unsafe { pg_sys::XLogFlush(target as pg_sys::XLogRecPtr) };
     let started = Instant::now();
     loop {
-        let holdup = match look(client, target)? {
-            Look::Confirmed => {
-                released(me);
-                return Ok(());
-            }
-            Look::Behind(h) => h,
+        let Some(holdup) = look(client, target)? else {
+            released(me);
+            return Ok(());
         };
         if past_timeout() {
             // Availability chosen: until the standby confirms again every batch goes out at once,
@@ -386,8 +374,8 @@ pub fn wait_outside(me: &WorkerSlot, target: Lsn) -> bool {
     let started = Instant::now();
     loop {
         match in_transaction_try(|| Spi::connect(|client| look(&client, target))) {
-            Ok(Look::Confirmed) => return true,
-            Ok(Look::Behind(h)) => holding(me, &h),
+            Ok(None) => return true,
+            Ok(Some(h)) => holding(me, &h),
             Err(e) => {
                 // The extension dropped meanwhile, say: the next batch finds out.
                 warning!("{}: looking at the standbys failed: {e}", me.tag);
@@ -429,7 +417,7 @@ fn holding(me: &WorkerSlot, holdup: &Holdup) {
 fn released(me: &WorkerSlot) {
     let was_held = HELD.with(|h| h.borrow_mut().since.take().is_some());
     if was_held {
-        me.standby_wait_ended(false);
+        me.standby_wait_ended();
         HELD.with(|h| {
             if h.borrow_mut().said.take().is_some() {
                 me.clear_error();

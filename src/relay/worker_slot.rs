@@ -115,13 +115,12 @@ impl WorkerSlot {
         update_slot(self.slot, |s| s.error_active = false);
     }
 
-    /// The wait is over: confirmed, or `unconfirmed` (past standby_wait_timeout), or SIGTERM.
-    pub fn standby_wait_ended(&self, unconfirmed: bool) {
+    /// The wait is over: every required standby has the edits again.
+    pub fn standby_wait_ended(&self) {
         update_slot(self.slot, |s| {
             s.standby_wait_since = 0;
             s.standby_wait_bytes = 0;
             s.set_standby_waiting_on("");
-            s.standby_unconfirmed_batches += unconfirmed as i64;
             s.standby_unconfirmed_in_wait = 0;
             if s.state == WorkerState::WaitingForStandby {
                 s.state = WorkerState::Publishing;
