@@ -4,7 +4,6 @@ in the test process on 127.0.0.1 (the standard library's ThreadingHTTPServer).""
 import asyncio
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -118,19 +117,6 @@ def alter_system(c: Cluster, settings: dict) -> None:
 def configure(c: Cluster, **settings) -> None:
     """alter_system of each feature_outbox.<name>."""
     alter_system(c, {f"feature_outbox.{name}": value for name, value in settings.items()})
-
-
-def sink_series(c: Cluster, db: str) -> dict:
-    """metrics()'s sink health series of worker 0 of `db`, each present with its TYPE line."""
-    with c.connect(db) as conn:
-        text = conn.execute("SELECT feature_outbox.metrics()").fetchone()[0]
-    out = {}
-    for name in ("outbox_sink_up", "outbox_sink_errors_total", "outbox_sink_last_success_timestamp_seconds"):
-        m = re.search(rf'^{name}{{database="{db}",worker="0"}} (\S+)$', text, re.M)
-        assert m, (name, text)
-        assert f"# TYPE {name} " in text
-        out[name] = float(m[1])
-    return out
 
 
 def reconfigure(c: Cluster, **settings) -> None:

@@ -23,7 +23,6 @@ import psycopg
 import pytest
 
 from conftest import PG_BIN, ROOT, RUN_DIR, Cluster, free_port
-import relay_harness
 from relay_harness import WAIT_SCALE, NatsServer, nats_fixture, wait_for
 
 POLL = 0.2  # feature_outbox.poll_interval below, in seconds
@@ -314,7 +313,16 @@ def test_a_pg_upgraded_cluster_relays_on_with_the_same_identity(nats_server):
 
 
 def sink_series(c: Cluster, db: str = "gis") -> dict:
-    return relay_harness.sink_series(c, db)
+    """metrics()'s sink health series of worker 0 of `db`."""
+    with c.connect(db) as conn:
+        text = conn.execute("SELECT feature_outbox.metrics()").fetchone()[0]
+    out = {}
+    for name in ("outbox_sink_up", "outbox_sink_errors_total", "outbox_sink_last_success_timestamp_seconds"):
+        m = re.search(rf'^{name}{{database="{db}",worker="0"}} (\S+)$', text, re.M)
+        assert m, (name, text)
+        assert f"# TYPE {name} " in text
+        out[name] = float(m[1])
+    return out
 
 
 def test_nats_down_with_no_edits_shows_in_metrics_within_a_poll_interval(c, nats_server):

@@ -8,6 +8,7 @@ The same hang under load, and the broker killed and restarted, with the drain re
 of the sink's return, are fault drills (pg_test/sink_drills.py): pg_test/test_faults.py runs them
 short in `make test`, `make faults` in full."""
 
+import re
 import signal
 import time
 
@@ -15,7 +16,6 @@ import pytest
 
 from conftest import RUN_DIR
 from kafka_harness import Tansu
-import relay_harness
 from relay_harness import NatsServer, relay_cluster, wait_for
 
 DB = "sinkhang"
@@ -24,7 +24,15 @@ SETTINGS = (f"feature_outbox.poll_interval = '{POLL:g}s'", "feature_outbox.relay
 
 
 def sink_series(c, db: str = DB) -> dict:
-    return relay_harness.sink_series(c, db)
+    """metrics()'s sink health series of worker 0."""
+    with c.connect(db) as conn:
+        text = conn.execute("SELECT feature_outbox.metrics()").fetchone()[0]
+    out = {}
+    for name in ("outbox_sink_up", "outbox_sink_errors_total", "outbox_sink_last_success_timestamp_seconds"):
+        m = re.search(rf'^{name}{{database="{db}",worker="0"}} (\S+)$', text, re.M)
+        assert m, (name, text)
+        out[name] = float(m[1])
+    return out
 
 
 def worker_pid(c) -> int:
