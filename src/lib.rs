@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 mod backoff;
+mod capture;
 mod databases;
 mod ddl_guard;
 mod edit;
