@@ -188,6 +188,7 @@ AS $$
 DECLARE
     created boolean := false;
 BEGIN
+    PERFORM feature_outbox._capture_outside_transaction('capture_layer');
     PERFORM feature_outbox._capture_publish(layer);
     COMMIT;
     BEGIN
@@ -212,6 +213,7 @@ CREATE OR REPLACE PROCEDURE uncapture_layer(layer text)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    PERFORM feature_outbox._capture_outside_transaction('uncapture_layer');
     PERFORM feature_outbox._uncapture(layer);
     COMMIT;
     PERFORM feature_outbox._capture_wake();
