@@ -39,6 +39,10 @@ pub extern "C-unwind" fn feature_outbox_capture_main(arg: pg_sys::Datum) {
                 d.capture.pid = unsafe { pg_sys::MyProcPid };
                 d.capture.latch = unsafe { pg_sys::MyLatch } as usize;
                 d.capture.state = "starting";
+                // Lag counts from the first start after a server start: restarts keep it.
+                if d.capture.caught_up_at == 0 {
+                    d.capture.caught_up_at = now();
+                }
                 true
             }
             Some(d) => {
@@ -93,6 +97,8 @@ struct Worker {
     bound: bool,
     /// The end of the last decoded transaction whose events committed (the origin's position).
     written_to: u64,
+    /// Where the slot was last advanced to: with no WAL flushed since, there is nothing to read.
+    advanced_to: u64,
     classifier: Classifier,
     /// The last error logged, so that a repeating one is logged once.
     logged: Option<String>,
@@ -191,6 +197,9 @@ impl Worker {
         update(|c| c.state = "reading");
         let (upto, messages) = transaction(|| {
             let upto = slot::flushed()?;
+            if upto == self.advanced_to {
+                return Ok((upto, Vec::new())); // no WAL since: an idle database costs no decoding
+            }
             Ok((upto, slot::peek(upto, CHUNK_MESSAGES)?))
         })?;
         let partial = messages.len() >= CHUNK_MESSAGES as usize;
@@ -210,8 +219,9 @@ impl Worker {
             update(|c| c.state = "writing");
             self.write(fresh)?;
         }
-        if consumed_to > 0 {
+        if consumed_to > 0 && consumed_to != self.advanced_to {
             transaction(|| slot::advance(consumed_to))?;
+            self.advanced_to = consumed_to;
         }
         update(|c| {
             c.state = "idle";
