@@ -8,7 +8,6 @@ use pgrx::prelude::*;
 
 mod backoff;
 mod capture;
-mod event_origin;
 mod databases;
 mod ddl_guard;
 mod edit;
