@@ -12,6 +12,7 @@ mod databases;
 mod ddl_guard;
 mod edit;
 mod event;
+mod event_origin;
 mod geojson;
 mod input_error;
 mod launcher;
@@ -56,6 +57,7 @@ extension_sql_file!(
         edit::layers::_as_caller_row
     ]
 );
+extension_sql_file!("../sql/origin.sql", name = "origin", requires = ["schema"]);
 extension_sql_file!("../sql/trace.sql", name = "trace", requires = ["schema", trace_context::_traceparent, trace_context::_tracestate]);
 extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
 extension_sql_file!(
