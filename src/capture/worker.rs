@@ -285,6 +285,7 @@ impl Worker {
         })?;
         if let Some((lsn, _)) = done {
             self.written_to = self.written_to.max(lsn);
+            crate::relay::fault_points::crash_if_capture_requested();
         }
         update(|c| {
             c.events += counts[0];
