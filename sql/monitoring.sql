@@ -149,7 +149,10 @@ AS $$
         -- Lag in bytes is WAL written since the slot's confirmed position; in seconds, since the
         -- worker last had read every committed change. Retained WAL grows while it is behind or
         -- stopped, up to max_slot_wal_keep_size.
-        (SELECT string_agg(format(E'# HELP %1$s %2$s\n# TYPE %1$s %3$s\n%1$s{%5$s} %4$s', g.name, g.help, g.kind, g.value, l.db),
+        -- HELP and TYPE always, as for the sinks' series; a sample only while a layer is captured.
+        (SELECT string_agg(concat_ws(E'\n', format('# HELP %s %s', g.name, g.help), format('# TYPE %s %s', g.name, g.kind),
+                                     CASE WHEN c.state <> 'off' AND NOT pg_is_in_recovery()
+                                          THEN format('%s{%s} %s', g.name, l.db, g.value) END),
                            E'\n' ORDER BY g.ord)
            FROM capture c,
                 LATERAL (VALUES
@@ -164,8 +167,7 @@ AS $$
                  (5, 'outbox_capture_events_total', 'Events the capture worker wrote since server start.', 'counter',
                   coalesce(c.events, 0)),
                  (6, 'outbox_capture_refused_rows_total', 'Captured rows whose event the edit path refused (a WARNING each), since server start.', 'counter',
-                  coalesce(c.refused, 0))) AS g(ord, name, help, kind, value)
-          WHERE c.state <> 'off' AND NOT pg_is_in_recovery()),
+                  coalesce(c.refused, 0))) AS g(ord, name, help, kind, value)),
         -- Expire outputs (0.4.0, sql/tiles.sql): one sample per output (and zoom); none without outputs.
         '# HELP outbox_expire_tiles_total Tiles an expire output delivered, by zoom (each batch''s tiles merged first).',
         '# TYPE outbox_expire_tiles_total counter',
@@ -256,7 +258,7 @@ SELECT l.layer,
  CROSS JOIN capture c;
 COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
 
-GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
+GRANT SELECT ON backlog, workers, backlog_by_layer, capture TO pg_monitor;
 
 -- Every database the relay serves on this server, from shared memory (issue: many databases). Like
 -- the workers view it is for monitoring roles only.
