@@ -17,12 +17,19 @@
 #   8. bench/tile_cache_bench.py: commit to purge acknowledged at 200 edits/s, Varnish in front of
 #      Martin, on the database's clock and by a polling client, section 12;
 #   9. bench/standby_bench.py: the standby gate's latency and drain beside no gate and beside
-#      synchronous_commit = on, section 13.
+#      synchronous_commit = on, section 13;
+#  10. bench/ab_bench.py: this build against the last release in sql/released/RELEASES, side by side
+#      (edit TPS, relay drains, callgrind instructions per edit), each figure's ratio to the
+#      release's and a mark where this build is more than 3 % worse, section 14. The release's tree
+#      is built first, once per commit (bench/ab_setup.sh), so that a failed build stops the run
+#      before any figure is taken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
 OUT=bench/RESULTS.md   # another major's figures: bench/RESULTS.pgN.md (bench/results.py names it too)
 if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBOX_PG.md; fi
+read -r LAST _ < <(bash scripts/releases.sh last)
+LAST_BIN=$(bash bench/ab_setup.sh last)
 "$PY" bench/results.py
 "$PY" bench/pressure_bench.py
 { printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a "$OUT"
@@ -32,3 +39,5 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 11. Kafka: the relay beside a bare producer on one broker, and commit-to-acknowledgement latency\n\n'; "$PY" bench/kafka_bench.py; } | tee -a "$OUT"
 { printf '\n## 12. Tile caches: commit to purge at 200 edits/s\n\n'; "$PY" bench/tile_cache_bench.py; } | tee -a "$OUT"
 { printf '\n## 13. The standby gate: latency and drain with a local standby named in feature_outbox.standby_slots\n\n'; "$PY" bench/standby_bench.py; } | tee -a "$OUT"
+FEATURE_OUTBOX_AB_BIN=$LAST_BIN FEATURE_OUTBOX_AB_LABEL=$LAST "$PY" bench/ab_bench.py \
+  "14. Against the last release ($LAST): every figure's ratio to it" | { echo; cat; } | tee -a "$OUT"
