@@ -23,6 +23,10 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Messages per read. PostgreSQL stops only at a commit, so one large transaction is read whole
 /// (its rows' keys only: the publication lists the key columns).
 const CHUNK_MESSAGES: i32 = 2000;
+/// Past this much WAL between the slot's restart position and the flushed end, the worker writes a
+/// running-transactions record (at most five a second), so that each read decodes less again.
+const RETAINED_SNAPSHOT: u64 = 4 << 20;
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
 /// Rows per transaction of the worker: each is locked until it commits, so an editor of one of
 /// them waits at most about this many rows' work.
 const ROWS_PER_TRANSACTION: usize = 500;
@@ -99,6 +103,8 @@ struct Worker {
     written_to: u64,
     /// Where the slot was last advanced to: with no WAL flushed since, there is nothing to read.
     advanced_to: u64,
+    /// When it last wrote a running-transactions record (slot::log_snapshot).
+    snapshot_at: Option<std::time::Instant>,
     classifier: Classifier,
     /// The last error logged, so that a repeating one is logged once.
     logged: Option<String>,
@@ -186,6 +192,13 @@ impl Worker {
                     slot::name()
                 ));
             }
+        }
+        if look.retained > RETAINED_SNAPSHOT && self.snapshot_at.is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY) {
+            transaction(|| {
+                slot::log_snapshot();
+                Ok(())
+            })?;
+            self.snapshot_at = Some(std::time::Instant::now());
         }
         if !self.bound {
             self.written_to = transaction(|| {
