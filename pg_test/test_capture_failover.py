@@ -90,7 +90,9 @@ def test_capture_goes_on_after_a_promotion(pair):
             conn.execute("INSERT INTO plots (id, geom, owner) VALUES (%s, %s, 'a')", (i, square(i)))
     wait_for(lambda: len(captured(primary)) == 20, what="the first 20 rows captured on the primary")
     if version >= 170000:
-        wait_for(lambda: rows(standby, "SELECT synced FROM pg_replication_slots WHERE slot_name = %s", slot) == [(True,)],
+        # Synced and persistent ("sync-ready"): a synced slot still temporary is dropped at promotion.
+        wait_for(lambda: rows(standby, "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = %s",
+                              slot) == [(True,)],
                  timeout=60, what="the capture slot synced to the standby")
     # Plain writes, then the primary lost before its worker is sure to have seen them all.
     with primary.connect(DB) as conn:
