@@ -56,15 +56,16 @@ def pair():
                      "version integer NOT NULL DEFAULT 0, owner text)")
         conn.execute("SELECT feature_outbox.register_layer('plots', 'plots', properties => '{owner}')")
     version = one(primary, "SELECT current_setting('server_version_num')::int")
-    if version >= 170000:
-        # PostgreSQL's recipe for failover slots: the logical slot may not run ahead of the standby,
-        # which syncs it over a connection naming a database.
-        with primary.connect(DB) as conn:
-            conn.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{SLOT}'")
-            conn.execute("SELECT pg_reload_conf()")
     standby = make_standby(primary, RUN_DIR / "capfail-standby", slot=SLOT, name=SLOT)
     made.append(standby)
     if version >= 170000:
+        # PostgreSQL's recipe for failover slots: the logical slot may not run ahead of the standby,
+        # which syncs it over a connection naming a database. Set after the base backup: a promoted
+        # standby that named its own missing slot there would hold every logical read (the wait
+        # event WaitForStandbyConfirmation), as an HA manager that forgets to update it would.
+        with primary.connect(DB) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{SLOT}'")
+            conn.execute("SELECT pg_reload_conf()")
         with open(standby.dir / "data" / "postgresql.auto.conf", "a") as conf:
             conf.write(f"\nsync_replication_slots = on\nhot_standby_feedback = on\n"
                        f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres dbname={DB}'\n")
