@@ -112,7 +112,13 @@ def test_capture_goes_on_after_a_promotion(pair):
     def complete():
         events = captured(standby)
         return len(events) == 40 and all(len(events[i]) == (2 if i <= 10 else 1) for i in events)
-    wait_for(complete, timeout=60, what="every plain write captured once on the promoted standby")
+    try:
+        wait_for(complete, timeout=60, what="every plain write captured once on the promoted standby")
+    except AssertionError:
+        state = rows(standby, "SELECT state, pid, lag_bytes, events, last_error FROM feature_outbox.capture")
+        waits = rows(standby, "SELECT wait_event FROM pg_stat_activity WHERE backend_type = 'feature_outbox capture'")
+        slots = rows(standby, "SELECT slot_name, synced, temporary, confirmed_flush_lsn::text FROM pg_replication_slots")
+        raise AssertionError(f"capture {state}, waiting on {waits}, slots {slots}, events {captured(standby)}")
     time.sleep(1)  # a second look: nothing more comes
     events = captured(standby)
     for i in range(1, 41):
