@@ -226,6 +226,13 @@ DECLARE
     v_res integer;
 BEGIN
     SELECT * INTO s FROM feature_state f WHERE f.layer = lay.layer AND f.feature_id = p_number FOR UPDATE;
+    IF s.last_event = 'retired' AND p_found AND p_live THEN
+        -- A row written again under a retired feature's id: ids of retired features are not reused
+        -- (edit_feature refuses it too), so subscribers hear nothing of it. Said, not skipped quietly.
+        RAISE WARNING 'feature % of layer % was retired, and its id is written again: no event', p_key, lay.layer
+            USING HINT = 'Ids of retired features are not reused: give the row a new id.';
+        RETURN 'refused';
+    END IF;
     change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest, p_gd, p_pd,
                              CASE WHEN p_found THEN p_live END);
     IF change IS NULL THEN
