@@ -45,22 +45,6 @@ BEGIN
 END
 $$;
 
--- The registered layer p_layer; 42704 (with the registered ones) when there is none.
-CREATE OR REPLACE FUNCTION _capture_layer(p_layer text) RETURNS layer_registry
-LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    lay layer_registry;
-BEGIN
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
-            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
-    END IF;
-    RETURN lay;
-END
-$$;
-
 -- Everything capture_layer checks before it changes anything. p_layer must be registered, a user
 -- layer, not captured (unless its slot is gone: a restored copy, or a slot dropped by hand), and
 -- the server must run wal_level = logical. A slot of this database's name that is not pgoutput's on
@@ -69,7 +53,7 @@ CREATE OR REPLACE FUNCTION _capture_check(p_layer text) RETURNS layer_registry
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    lay layer_registry := _capture_layer(p_layer);
+    lay layer_registry := _registered_layer(p_layer);
     slot record;
 BEGIN
     IF p_layer = 'features' THEN
@@ -231,7 +215,7 @@ CREATE OR REPLACE FUNCTION _uncapture(p_layer text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    lay layer_registry := _capture_layer(p_layer);
+    lay layer_registry := _registered_layer(p_layer);
 BEGIN
     PERFORM pg_advisory_xact_lock(1179601241, 1129338964);
     IF lay.captured_at IS NULL THEN

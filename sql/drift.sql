@@ -114,19 +114,12 @@ $$;
 CREATE OR REPLACE FUNCTION __drift_layer(p_layer text, what text) RETURNS layer_registry
 LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    lay layer_registry;
 BEGIN
     IF NOT has_function_privilege(_caller_role(), what, 'EXECUTE') THEN
         RAISE EXCEPTION 'permission denied for %', what USING ERRCODE = '42501',
             HINT = format('GRANT EXECUTE ON %s TO the role, as the extension''s owner.', what);
     END IF;
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
-            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
-    END IF;
-    RETURN lay;
+    RETURN _registered_layer(p_layer);
 END
 $$;
 

@@ -287,6 +287,22 @@ COMMENT ON FUNCTION release_layer(text, regclass) IS
     'Gives a held layer back to the relay once its table (tbl: one restored in its place) has the registered columns; '
     'returns its waiting rows. For the table''s owner or a superuser; EXECUTE is not granted to PUBLIC.';
 
+-- The registered layer p_layer; 42704 (naming the registered ones) when there is none.
+CREATE OR REPLACE FUNCTION _registered_layer(p_layer text) RETURNS layer_registry
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    lay layer_registry;
+BEGIN
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    RETURN lay;
+END
+$$;
+
 CREATE OR REPLACE VIEW layers AS
 SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,
        r.properties, r.srid, r.geometry_type, r.registered_at,
