@@ -212,7 +212,8 @@ def settle(c: Cluster, db: str, sub: Subscriber, lay: Layer, fence_id: int = 999
     with c.connect(db) as conn:
         n = len(sub.of(lay.name, fence_id))
         if n == 0:
-            psql(c, db, f"INSERT INTO {lay.table} (id, geom, name) VALUES ({fence_id}, '{square(-120, 45)}', 'fence 0')")
+            psql(c, db, f"""INSERT INTO {lay.table} (id, geom, name)
+                            VALUES ({fence_id}, ST_Transform('{square(-73.90, 40.80)}'::geometry, {lay.srid}), 'fence 0')""")
         else:
             psql(c, db, f"UPDATE {lay.table} SET name = 'fence {n}' WHERE id = {fence_id}")
         sub.wait(lay.name, fence_id, n + 1, f"the fence write {n} of layer {lay.name}")

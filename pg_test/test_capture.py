@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from capture_harness import (PUBLICATION, Layer, Subscriber, capture_state, check, logical_cluster, outbox_count,
+from capture_harness import (PUBLICATION, Layer, Subscriber, capture_pids, capture_state, check, logical_cluster, outbox_count,
                              psql, settle, slot_name, square, u_shape)
 from conftest import ROOT, RUN_DIR, tools
 from relay_harness import nats_fixture, wait_for
@@ -342,9 +342,9 @@ def test_the_slot_goes_with_the_last_layer_and_with_drop_extension(capture):
         psql(capture, other, f"INSERT INTO public.a (id, geom) VALUES (1, '{square(0.0, 0.0)}')")
         conn.execute("CALL feature_outbox.capture_layer('a')")
         assert capture_state(conn, a.table)["slots"] == [(slot, "pgoutput")]
-        # The worker holds the slot while it reads it: DROP EXTENSION must still drop it.
-        wait_for(lambda: conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0],
-                 20, "the capture worker to read the slot")
+        # The database's capture worker reads the slot: DROP EXTENSION must still drop it.
+        wait_for(lambda: capture_pids(capture, other), 20, "the capture worker of the database")
+        psql(capture, other, "UPDATE public.a SET name = 'captured' WHERE id = 1")
         conn.execute("DROP EXTENSION feature_outbox CASCADE")
         assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s", (PUBLICATION,)).fetchone()[0] == 0
