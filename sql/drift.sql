@@ -187,6 +187,101 @@ COMMENT ON FUNCTION drift(text) IS
     'backlog_by_layer.drifted_rows. EXECUTE is not granted to PUBLIC.';
 
 -- The body of one resync() chunk, run as the extension's owner by the C entry _resync_chunk. Takes
+-- Locks the rows of p_keys as edits lock them (the row first, its state later) and reads them under
+-- the lock, as the extension's owner would see them with the caller's rights: key, geometry
+-- (HEXEWKB), digests, liveness (not retired) and version, in key order. p_skip: SKIP LOCKED (resync
+-- leaves a row an edit holds for later); else wait for the edit (capture must not lose the change).
+-- A key without a row is absent from the result.
+CREATE OR REPLACE FUNCTION __lock_rows(lay layer_registry, p_keys text[], p_skip boolean,
+                            OUT keys text[], OUT geoms text[], OUT gds uuid[], OUT pds uuid[], OUT lives boolean[],
+                            OUT versions integer[])
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    SELECT coalesce(array_agg(x[1]), '{}'), array_agg(x[2]), array_agg(x[3]::uuid), array_agg(x[4]::uuid),
+           array_agg(x[5]::boolean), array_agg(x[6]::integer)
+      INTO keys, geoms, gds, pds, lives, versions
+      FROM _as_caller_rows(
+               format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR UPDATE OF t%8$s',
+                      lay.id_column, lay.geometry_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
+                      CASE WHEN lay.retired_column IS NULL THEN 'true' ELSE format('t.%I IS NULL', lay.retired_column) END,
+                      lay.tbl, lay.version_column, _key_cast(lay.id_type), CASE WHEN p_skip THEN ' SKIP LOCKED' ELSE '' END),
+               p_keys) x;
+END
+$$;
+
+-- Writes the event that makes what subscribers last heard of one row equal to the row: resync's
+-- repair of a drifted row, and the capture worker's of a decoded change (sql/capture.sql). The
+-- caller has locked the row; p_found: it exists, then p_geom (HEXEWKB), p_gd and p_pd (its digests),
+-- p_live (not retired) and p_version describe it. p_number: the feature's number, NULL for a key
+-- without events. Returns 'written', 'same' (nothing differs, or a pre-0.3.0 state took the row's
+-- digests) or 'refused' (the edit path refused the row, said in a WARNING with p_hint).
+CREATE OR REPLACE FUNCTION __repair_row(lay layer_registry, p_key text, p_number bigint, p_found boolean, p_geom text,
+                             p_gd uuid, p_pd uuid, p_live boolean, p_version integer, p_hint text) RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    s feature_state;
+    change text;
+    v_res integer;
+BEGIN
+    SELECT * INTO s FROM feature_state f WHERE f.layer = lay.layer AND f.feature_id = p_number FOR UPDATE;
+    change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest, p_gd, p_pd,
+                             CASE WHEN p_found THEN p_live END);
+    IF change IS NULL THEN
+        RETURN 'same';
+    END IF;
+    BEGIN
+        IF change = 'unknown' THEN
+            -- Last event before 0.3.0: no digests to compare. The geometry is the one it
+            -- routed on when its bounding box still matches; take the digests then, else move.
+            IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
+                  FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(p_geom::geometry, 4326)), true, 4326, NULL)).bbox)
+                       WITH ORDINALITY q(b, j)) THEN
+                UPDATE feature_state f SET geometry_digest = p_gd, properties_digest = p_pd,
+                                           version = p_version, last_event = 'baseline'
+                 WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
+                RETURN 'same';
+            END IF;
+            change := 'geometry';
+        END IF;
+        CASE change
+            WHEN 'no_event' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'created', NULL, NULL, true);
+            WHEN 'geometry', 'both' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'moved', NULL, NULL, true);
+            WHEN 'properties' THEN PERFORM _edit_key(lay.layer, p_key, NULL, 'updated', NULL, NULL, true);
+            ELSE  -- gone
+                IF p_found THEN  -- retired by hand: the event, as record_edit writes it
+                    PERFORM _edit_key(lay.layer, p_key, NULL, 'retired', NULL, NULL, true);
+                ELSE             -- deleted: nothing to write but the event
+                    v_res := current_setting('feature_outbox.h3_resolution')::integer;
+                    UPDATE feature_state f
+                       SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
+                           previous_routing_point = f.routing_point, previous_bbox = f.bbox,
+                           version = f.version + 1, last_event = 'retired', row_version = NULL,
+                           geometry_digest = NULL, properties_digest = NULL
+                     WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
+                    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
+                                        layer, previous_bbox, feature_key)
+                    VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
+                            CASE WHEN s.h3_resolution = v_res THEN s.routing_key
+                                 ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
+                            lay.layer, s.bbox, s.feature_key);
+                    PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
+                    PERFORM _wake_relay_for(s.feature_id);
+                END IF;
+        END CASE;
+        RETURN 'written';
+    EXCEPTION WHEN OTHERS THEN
+        IF SQLSTATE IN ('57014', '57P01', '40P01') THEN  -- cancel, shutdown, deadlock: stop
+            RAISE;
+        END IF;
+        RAISE WARNING 'the event of feature % of layer % was refused: %', p_key, lay.layer, SQLERRM
+            USING HINT = format('Repair the row, then %s.', p_hint);
+        RETURN 'refused';
+    END;
+END
+$$;
+
 -- drift's chunk at (p_phase, p_after); locks its drifted rows (SKIP LOCKED: a row an edit holds is
 -- left for a later run), and writes each one's missing event until p_hold_ms / 2 have passed since
 -- the locks were taken, so that no editor waits longer than about p_hold_ms. p_left: rows left by
@@ -200,7 +295,6 @@ DECLARE
     v_cast text := _key_cast(lay.id_type);
     keyed boolean := v_cast <> 'bigint';
     d record;
-    v_res integer := current_setting('feature_outbox.h3_resolution')::integer;
     lkey text[];          -- the locked rows: keys, geometries (HEXEWKB), digests, liveness, versions
     lgeom text[];
     lgd uuid[];
@@ -208,10 +302,8 @@ DECLARE
     llive boolean[];
     lver integer[];
     present text[];       -- drifted rows that exist but could not be locked
-    s feature_state;
     k integer;            -- the row's position in lkey
     j integer;            -- its position in the drift chunk
-    change text;
     key text;
     locked_at timestamptz;
     written bigint := 0;
@@ -234,14 +326,7 @@ BEGIN
         locked_at := clock_timestamp();
         -- The rows, locked as edits lock them (the row, then its state), read again under the lock:
         -- an edit that committed since the scan may have sent the event already.
-        SELECT coalesce(array_agg(x[1]), '{}'), array_agg(x[2]), array_agg(x[3]::uuid), array_agg(x[4]::uuid),
-               array_agg(x[5]::boolean), array_agg(x[6]::integer)
-          INTO lkey, lgeom, lgd, lpd, llive, lver
-          FROM _as_caller_rows(
-                   format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR UPDATE OF t SKIP LOCKED',
-                          lay.id_column, lay.geometry_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
-                          CASE WHEN lay.retired_column IS NULL THEN 'true' ELSE format('t.%I IS NULL', lay.retired_column) END,
-                          lay.tbl, lay.version_column, v_cast), d.keys) x;
+        SELECT * INTO lkey, lgeom, lgd, lpd, llive, lver FROM __lock_rows(lay, d.keys, true);
         present := ARRAY(SELECT x[1] FROM _as_caller_rows(format('SELECT t.%1$I::text FROM %2$s t WHERE t.%1$I = ANY($1::%3$s[])',
                                                                  lay.id_column, lay.tbl, v_cast),
                                                           ARRAY(SELECT i FROM unnest(d.keys) i WHERE i <> ALL(lkey))) x);
@@ -259,60 +344,12 @@ BEGIN
                 CONTINUE;
             END IF;
             k := array_position(lkey, key);
-            s := NULL;
-            SELECT * INTO s FROM feature_state f
-             WHERE f.layer = p_layer AND f.feature_id = coalesce(d.numbers[j], CASE WHEN NOT keyed THEN key::bigint END)
-               FOR UPDATE;
-            change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest,
-                                     lgd[k], lpd[k], llive[k]);
-            CONTINUE WHEN change IS NULL;
-            BEGIN
-                IF change = 'unknown' THEN
-                    -- Last event before 0.3.0: no digests to compare. The geometry is the one it
-                    -- routed on when its bounding box still matches; take the digests then, else move.
-                    IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
-                          FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(lgeom[k]::geometry, 4326)), true, 4326, NULL)).bbox)
-                               WITH ORDINALITY q(b, j)) THEN
-                        UPDATE feature_state f SET geometry_digest = lgd[k], properties_digest = lpd[k],
-                                                   version = lver[k], last_event = 'baseline'
-                         WHERE f.layer = p_layer AND f.feature_id = s.feature_id;
-                        CONTINUE;
-                    END IF;
-                    change := 'geometry';
-                END IF;
-                CASE change
-                    WHEN 'no_event' THEN PERFORM _edit_key(p_layer, key, lgeom[k]::geometry, 'created', NULL, NULL, true);
-                    WHEN 'geometry', 'both' THEN PERFORM _edit_key(p_layer, key, lgeom[k]::geometry, 'moved', NULL, NULL, true);
-                    WHEN 'properties' THEN PERFORM _edit_key(p_layer, key, NULL, 'updated', NULL, NULL, true);
-                    ELSE  -- gone
-                        IF k IS NOT NULL THEN  -- retired by hand: the event, as record_edit writes it
-                            PERFORM _edit_key(p_layer, key, NULL, 'retired', NULL, NULL, true);
-                        ELSE                   -- deleted: nothing to write but the event
-                            UPDATE feature_state f
-                               SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
-                                   previous_routing_point = f.routing_point, previous_bbox = f.bbox,
-                                   version = f.version + 1, last_event = 'retired', row_version = NULL,
-                                   geometry_digest = NULL, properties_digest = NULL
-                             WHERE f.layer = p_layer AND f.feature_id = s.feature_id;
-                            INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
-                                                layer, previous_bbox, feature_key)
-                            VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
-                                    CASE WHEN s.h3_resolution = v_res THEN s.routing_key
-                                         ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
-                                    p_layer, s.bbox, s.feature_key);
-                            PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
-                            PERFORM _wake_relay_for(s.feature_id);
-                        END IF;
-                END CASE;
-                written := written + 1;
-            EXCEPTION WHEN OTHERS THEN
-                IF SQLSTATE IN ('57014', '57P01', '40P01') THEN  -- cancel, shutdown, deadlock: stop
-                    RAISE;
-                END IF;
-                RAISE WARNING 'resync of feature % of layer % failed: %', key, p_layer, SQLERRM
-                    USING HINT = 'Repair the row, then CALL feature_outbox.resync again.';
-                left_over := left_over + 1;
-            END;
+            CASE __repair_row(lay, key, coalesce(d.numbers[j], CASE WHEN NOT keyed THEN key::bigint END), k IS NOT NULL,
+                              lgeom[k], lgd[k], lpd[k], llive[k], lver[k], 'CALL feature_outbox.resync again')
+                WHEN 'written' THEN written := written + 1;
+                WHEN 'refused' THEN left_over := left_over + 1;
+                ELSE NULL;
+            END CASE;
         END LOOP;
     END IF;
     IF next_phase IS NULL THEN

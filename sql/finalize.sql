@@ -35,6 +35,20 @@ REVOKE ALL ON PROCEDURE backfill(text, geometry, bigint) FROM PUBLIC;
 -- drift() and resync() are the operator's too; their chunks check EXECUTE on them, as backfill's do.
 REVOKE ALL ON FUNCTION drift(text) FROM PUBLIC;
 REVOKE ALL ON PROCEDURE resync(text, integer, bigint, bigint) FROM PUBLIC;
+-- Capture makes a replication slot and publications: the extension owner's (sql/capture.sql).
+REVOKE ALL ON PROCEDURE capture_layer(text) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE uncapture_layer(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_publish(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_create_slot() FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_mark(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_unpublish(text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _uncapture(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_rows(text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __capture_rows(text, text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_truncated(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_wake() FROM PUBLIC;
+REVOKE ALL ON FUNCTION __repair_row(layer_registry, text, bigint, boolean, text, uuid, uuid, boolean, integer, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __lock_rows(layer_registry, text[], boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_rows(layer_registry, integer, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_layer(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_chunk(text, integer, text, integer, bigint) FROM PUBLIC;

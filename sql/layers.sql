@@ -288,6 +288,8 @@ SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_c
        r.properties, r.srid, r.geometry_type, r.registered_at,
        -- Each event's registration_id: a layer registered again under the same name gets a higher one.
        r.since_id AS registration_id,
-       r.id_type
+       r.id_type,
+       -- Since when its table's direct writes are captured (capture_layer); NULL: not captured.
+       r.captured_at
   FROM layer_registry r;
-COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties, SRID, registration id and id type.';
+COMMENT ON VIEW layers IS 'One row per layer: its table, id, geometry, version and retired columns, properties, SRID, registration id, id type and since when it is captured.';

@@ -145,7 +145,10 @@ CREATE TABLE layer_registry (
     held_reason      text,
     -- The id column's type: smallint, integer, bigint (the key is feature_id), uuid, text or
     -- character varying (0.3.0: feature_key).
-    id_type          regtype  NOT NULL DEFAULT 'bigint'
+    id_type          regtype  NOT NULL DEFAULT 'bigint',
+    -- Since when writes made outside the functions become events (capture_layer, 0.5.0); NULL:
+    -- not captured.
+    captured_at      timestamptz
 );
 COMMENT ON TABLE layer_registry IS 'One row per layer: the table, its id, geometry, version and retired columns, and the properties each event carries.';
 INSERT INTO layer_registry (layer, tbl, id_column, geometry_column, version_column, retired_column, srid, geometry_type)

@@ -79,6 +79,8 @@ struct Started {
 #[derive(Default)]
 struct Launcher {
     started: HashMap<usize, Started>,
+    /// Capture workers (src/capture/) started, by database.
+    captures: HashMap<u32, (DynamicBackgroundWorker, Instant)>,
     /// (database, index) of workers that exited soon after their start, and when.
     quick_exits: HashMap<(u32, u16), Instant>,
     /// Workers that could not be registered, logged once until they are.
@@ -96,7 +98,12 @@ struct Plan {
     start: Vec<(usize, u32, u16, String)>,
     /// Workers for which no slot was free: (database, index, name).
     no_slot: Vec<(u32, u16, String)>,
+    /// Capture workers to start: (database, name).
+    capture: Vec<(u32, String)>,
 }
+
+/// The quick-exit key of a database's capture worker, beside its relay workers' indexes.
+const CAPTURE_KEY: u16 = u16::MAX;
 
 impl Launcher {
     fn tick(&mut self) {
@@ -114,6 +121,9 @@ impl Launcher {
         }
         for (slot, database, index, name) in plan.start {
             self.start(slot, database, index, &name);
+        }
+        for (database, name) in plan.capture {
+            self.start_capture(database, &name);
         }
     }
 
@@ -151,6 +161,19 @@ impl Launcher {
                 slot.state = WorkerState::Stopped;
             }
         }
+        let stopped: Vec<u32> =
+            self.captures.iter().filter(|(_, (h, _))| matches!(h.pid(), Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied))).map(|(d, _)| *d).collect();
+        for database in stopped {
+            let Some((_, at)) = self.captures.remove(&database) else { continue };
+            if at.elapsed() < QUICK_EXIT {
+                self.quick_exits.insert((database, CAPTURE_KEY), Instant::now());
+            }
+            if let Some(d) = RELAY.exclusive().database_mut(database)
+                && d.capture.pid == 0
+            {
+                d.capture.claimed = false; // never attached: no exit callback freed it
+            }
+        }
         self.quick_exits.retain(|_, at| at.elapsed() < QUICK_EXIT);
     }
 
@@ -163,7 +186,8 @@ impl Launcher {
         for d in shared.databases.iter_mut().filter(|d| d.oid != 0 && !wanted.contains_key(&d.oid)) {
             let running: Vec<&Slot> = shared.slots.iter().filter(|s| s.serves(d.oid)).collect();
             plan.signal.extend(running.iter().filter(|s| s.pid != 0).map(|s| s.pid));
-            if running.is_empty() && d.paused == 0 {
+            plan.signal.extend((d.capture.pid != 0).then_some(d.capture.pid));
+            if running.is_empty() && !d.capture.claimed && d.paused == 0 {
                 *d = Database::default();
             }
         }
@@ -185,6 +209,10 @@ impl Launcher {
             }
         }
         for d in shared.databases.iter_mut().filter(|d| d.oid != 0 && wanted.contains_key(&d.oid) && d.paused == 0) {
+            if d.presence == Presence::Present && d.capture.wanted && !d.capture.claimed && !self.quick_exits.contains_key(&(d.oid, CAPTURE_KEY)) {
+                d.capture.claimed = true;
+                plan.capture.push((d.oid, d.name()));
+            }
             if std::mem::take(&mut d.restart) {
                 // Its settings changed: each worker reads them when it connects.
                 plan.signal.extend(shared.slots.iter().filter(|s| s.serves(d.oid) && s.pid != 0).map(|s| s.pid));
@@ -268,6 +296,37 @@ impl Launcher {
                 }
                 let why = format!("no background worker slot is free (max_worker_processes = {})", unsafe { pg_sys::max_worker_processes });
                 self.unregistered_worker(database, index, name, &why);
+            }
+        }
+    }
+
+    /// Registers the capture worker of `database`; when no background worker slot is free, says so
+    /// in the capture view and tries again at a later tick.
+    fn start_capture(&mut self, database: u32, name: &str) {
+        // SAFETY: as in start().
+        let handle = unsafe { pgrx::PgMemoryContexts::TopMemoryContext.switch_to(|_| {
+            BackgroundWorkerBuilder::new(&format!("feature_outbox capture in {name}"))
+                .set_type("feature_outbox capture")
+                .set_library("feature_outbox")
+                .set_function("feature_outbox_capture_main")
+                .set_argument((database as i64).into_datum())
+                .enable_spi_access()
+                .set_start_time(BgWorkerStartTime::RecoveryFinished)
+                .set_restart_time(None)
+                .set_notify_pid(pg_sys::MyProcPid)
+                .load_dynamic()
+        }) };
+        let mut shared = RELAY.exclusive();
+        let Some(d) = shared.database_mut(database) else { return };
+        match handle {
+            Ok(handle) => {
+                self.captures.insert(database, (handle, Instant::now()));
+            }
+            Err(_) => {
+                d.capture.claimed = false;
+                let why = format!("could not start the capture worker: no background worker slot is free (max_worker_processes = {})", unsafe { pg_sys::max_worker_processes });
+                d.capture.set_error(Some(&why));
+                self.quick_exits.insert((database, CAPTURE_KEY), Instant::now());
             }
         }
     }

@@ -7,6 +7,8 @@
 use pgrx::prelude::*;
 
 mod backoff;
+mod capture;
+mod event_origin;
 mod databases;
 mod ddl_guard;
 mod edit;
@@ -85,6 +87,11 @@ extension_sql_file!(
     "../sql/drift.sql",
     name = "drift",
     requires = ["edit", "layers", edit::layers::_as_caller_rows, edit::layers::_row_digests_sql]
+);
+extension_sql_file!(
+    "../sql/capture.sql",
+    name = "capture",
+    requires = ["drift", "layers", capture::status::_capture_wake, capture::status::_capture_status]
 );
 extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);

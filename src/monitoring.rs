@@ -7,7 +7,7 @@ use crate::databases::{self, Served};
 use crate::relay_state::{Presence, RELAY, Slot, WorkerState, ready, this_database};
 use crate::settings;
 
-fn timestamp(ts: pgrx::pg_sys::TimestampTz) -> Option<TimestampWithTimeZone> {
+pub fn timestamp(ts: pgrx::pg_sys::TimestampTz) -> Option<TimestampWithTimeZone> {
     (ts != 0).then(|| TimestampWithTimeZone::try_from(ts).ok()).flatten()
 }
 

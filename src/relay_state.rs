@@ -211,6 +211,60 @@ pub struct Database {
     /// The launcher's error for this database (a worker it could not start), while it lasts.
     error: [u8; ERROR_LEN],
     pub error_at: pg_sys::TimestampTz,
+    /// Its capture worker (src/capture/).
+    pub capture: Capture,
+}
+
+/// What a database's capture worker is doing, for the launcher (whether to start one) and the
+/// capture view.
+#[derive(Clone, Copy)]
+pub struct Capture {
+    /// A layer is captured there (as capture_layer, or worker 0 at its start, last found): the
+    /// launcher keeps a capture worker running. The worker clears it when it finds none.
+    pub wanted: bool,
+    /// The launcher started one that has not exited yet.
+    pub claimed: bool,
+    pub pid: i32,
+    pub latch: usize,
+    pub state: &'static str,
+    /// When it last had read every committed change; 0 before that.
+    pub caught_up_at: pg_sys::TimestampTz,
+    pub events: i64,
+    pub refused: i64,
+    last_error: [u8; ERROR_LEN],
+    pub last_error_at: pg_sys::TimestampTz,
+}
+
+impl Default for Capture {
+    fn default() -> Self {
+        Capture {
+            wanted: false,
+            claimed: false,
+            pid: 0,
+            latch: 0,
+            state: "stopped",
+            caught_up_at: 0,
+            events: 0,
+            refused: 0,
+            last_error: [0; ERROR_LEN],
+            last_error_at: 0,
+        }
+    }
+}
+
+impl Capture {
+    pub fn last_error(&self) -> Option<String> {
+        read_text(&self.last_error)
+    }
+    pub fn set_error(&mut self, error: Option<&str>) {
+        match error {
+            Some(e) => {
+                write_text(&mut self.last_error, e);
+                self.last_error_at = now();
+            }
+            None => self.last_error.fill(0),
+        }
+    }
 }
 
 impl Default for Database {
@@ -230,6 +284,7 @@ impl Default for Database {
             unpublished_at: 0,
             error: [0; ERROR_LEN],
             error_at: 0,
+            capture: Capture::default(),
         }
     }
 }

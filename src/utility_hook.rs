@@ -207,16 +207,20 @@ fn oid_of(name: &str) -> Option<u32> {
     (oid != pg_sys::InvalidOid).then(|| oid.to_u32())
 }
 
-/// Sends SIGTERM to `database`'s workers; returns how many there were and whether any slot still
-/// serves it. Under the lock: a worker gives up its slot, and so its pid, only under it.
-fn terminate(database: u32) -> (usize, bool) {
+/// Sends SIGTERM to `database`'s workers, its capture worker too when `capture`; returns how many
+/// there were and whether any still serves it. Under the lock: a worker gives up its slot, and so
+/// its pid, only under it.
+fn terminate(database: u32, capture: bool) -> (usize, bool) {
     let shared = RELAY.share();
     let serving: Vec<_> = shared.slots.iter().filter(|s| s.serves(database)).collect();
-    let pids: Vec<i32> = serving.iter().filter(|s| s.pid != 0).map(|s| s.pid).collect();
+    let mut pids: Vec<i32> = serving.iter().filter(|s| s.pid != 0).map(|s| s.pid).collect();
+    // The capture worker too, for a pause: an active logical slot would stop DROP DATABASE.
+    let worker = shared.database(database).map(|d| d.capture).filter(|_| capture).unwrap_or_default();
+    pids.extend((worker.pid != 0).then_some(worker.pid));
     for pid in &pids {
         unsafe { libc::kill(*pid, libc::SIGTERM) };
     }
-    (pids.len(), !serving.is_empty())
+    (pids.len(), !serving.is_empty() || worker.claimed)
 }
 
 /// Pauses database `name` until this transaction ends, and waits until its workers have left.
@@ -248,7 +252,7 @@ fn pause(name: &str, command: &'static str) {
     let started = Instant::now();
     loop {
         // Again each round: a worker registered just before the pause gets its pid only now.
-        let (_, serving) = terminate(database);
+        let (_, serving) = terminate(database, true);
         if !serving {
             break;
         }
@@ -261,6 +265,18 @@ fn pause(name: &str, command: &'static str) {
             pg_sys::check_for_interrupts!();
         }
     }
+    if command == "DROP DATABASE" {
+        forget_capture_origin(database);
+    }
+}
+
+/// DROP DATABASE takes the database's logical slots with it, but not the capture worker's
+/// replication origin, which is the cluster's (src/capture/slot.rs names both after the OID).
+/// Dropped in the same transaction, so it stays when the DROP fails; through the C function, as
+/// the database's owner may not call pg_replication_origin_drop.
+fn forget_capture_origin(database: u32) {
+    let name = std::ffi::CString::new(format!("feature_outbox_capture_{database}")).expect("no NUL");
+    unsafe { pg_sys::replorigin_drop_by_name(name.as_ptr(), true, false) };
 }
 
 /// A CREATE EXTENSION committed in `database`: the launcher looks there again.
@@ -281,7 +297,14 @@ fn leave(database: u32) {
         let Some(d) = shared.database_mut(database) else { return };
         d.presence = Presence::Absent;
     }
-    if terminate(database).0 > 0 {
+    // The capture worker stays: it finds the extension gone at its next round, drops its slot,
+    // origin and publications, and leaves (src/capture/worker.rs).
+    if let Some(d) = RELAY.share().database(database)
+        && d.capture.latch != 0
+    {
+        unsafe { pg_sys::SetLatch(d.capture.latch as *mut pg_sys::Latch) };
+    }
+    if terminate(database, false).0 > 0 {
         log!("feature_outbox: extension feature_outbox dropped; its relay workers leave this database");
     }
 }

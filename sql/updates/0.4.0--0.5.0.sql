@@ -9,3 +9,6 @@
 -- appended to backlog and backlog_by_layer, the standby gate's columns appended to workers) are
 -- bodies, new functions and views that CREATE OR REPLACE VIEW extends at their end, all of which
 -- the generated part carries.
+
+-- Capture of direct writes (sql/capture.sql): since when a layer is captured.
+ALTER TABLE layer_registry ADD COLUMN captured_at timestamptz;

@@ -31,7 +31,7 @@ pub enum Returns {
     Bigint,
     Texts,
     Void,
-    /// 0.2.0's _backfill_chunk only (`feature_outbox_entry`).
+    /// 0.2.0's _backfill_chunk (`feature_outbox_entry`), and _capture_rows.
     Bigints,
 }
 
@@ -159,6 +159,9 @@ entry_points! {
     pg_finfo_feature_outbox_resync_chunk feature_outbox_resync_chunk
         "_resync_chunk(text, integer, text, integer, integer, bigint)" -> Texts:
         "SELECT feature_outbox.__resync_chunk($1, $2, $3, $4, $5, $6)";
+    pg_finfo_feature_outbox_capture_rows feature_outbox_capture_rows
+        "_capture_rows(text, text[])" -> Bigints:
+        "SELECT feature_outbox.__capture_rows($1, $2)";
 }
 
 /// Runs `entry` for the call `fcinfo`. A declaration that does not match the entry (a SQL function

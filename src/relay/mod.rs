@@ -37,7 +37,7 @@ mod publish;
 mod retries;
 mod schema;
 mod standby_gate;
-mod transaction;
+pub(crate) mod transaction;
 mod worker;
 mod worker_slot;
 

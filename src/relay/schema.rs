@@ -12,6 +12,8 @@ use crate::relay_state::{Presence, RELAY, WorkerState, this_database};
 pub struct SchemaCheck {
     /// The reason the worker last logged for waiting, so each is logged once.
     waiting_logged: Option<String>,
+    /// Worker 0 has looked for captured layers (once per start).
+    capture_looked: bool,
 }
 
 impl SchemaCheck {
@@ -31,6 +33,9 @@ impl SchemaCheck {
                 Ok(Identity::Serving(id)) => {
                     let _ = WORKER_IDENTITY.set(id);
                     self.waiting_logged = None;
+                    if me.index == 0 && !self.capture_looked {
+                        self.capture_looked = want_capture();
+                    }
                     return true;
                 }
                 Ok(Identity::Copy(reason)) => (WorkerState::Held, RelayError::Sql(reason)),
@@ -51,6 +56,26 @@ impl SchemaCheck {
         }
         me.set_state(state);
         false
+    }
+}
+
+/// After a server start, a database with captured layers wants its capture worker again
+/// (src/capture/); capture_layer asks for it itself. A copy held as such starts none. True once
+/// looked.
+fn want_capture() -> bool {
+    let captured = in_transaction_try(|| {
+        kept_one::<bool>("SELECT EXISTS (SELECT 1 FROM feature_outbox.layer_registry l WHERE l.captured_at IS NOT NULL)")
+    });
+    match captured {
+        Ok(Some(true)) => {
+            if let Some(d) = RELAY.exclusive().database_mut(this_database()) {
+                d.capture.wanted = true;
+            }
+            crate::relay_state::wake_launcher();
+            true
+        }
+        Ok(_) => true,
+        Err(_) => false,
     }
 }
 

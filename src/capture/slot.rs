@@ -1,0 +1,182 @@
+//! This database's logical slot, replication origin and publications, through PostgreSQL's SQL
+//! functions: what the worker finds, the chunk it reads, how far it has written, and the drop once
+//! no layer is captured. Each call runs inside the caller's transaction.
+
+use std::collections::HashMap;
+
+use pgrx::prelude::*;
+
+use super::classify::LayerTable;
+use crate::relay_state::this_database;
+
+/// The publications pgoutput reads (sql/capture.sql).
+const PUBLICATIONS: &str = "feature_outbox_capture,feature_outbox_capture_edits";
+
+/// The slot's and the origin's name: cluster-wide objects, so named after the database's OID.
+pub fn name() -> String {
+    format!("feature_outbox_capture_{}", this_database())
+}
+
+/// What the worker finds at the start of a round.
+pub struct Look {
+    /// The extension is installed here.
+    pub extension: bool,
+    /// Captured layers by table OID.
+    pub layers: HashMap<u32, LayerTable>,
+    pub outbox: u32,
+    pub slot: SlotState,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Missing,
+    Ready,
+    /// Invalidated (wal_status lost, max_slot_wal_keep_size): changes were lost.
+    Lost,
+}
+
+pub fn look() -> Result<Look, pgrx::spi::Error> {
+    Spi::connect(|client| {
+        let extension = client
+            .select("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')", None, &[])?
+            .first()
+            .get_one::<String>()?;
+        let mut look = Look { extension: extension.is_some(), layers: HashMap::new(), outbox: 0, slot: SlotState::Missing };
+        if !look.extension {
+            return Ok(look);
+        }
+        let rows = client.select(
+            "SELECT l.tbl::oid::bigint, l.layer, l.id_column::text FROM feature_outbox.layer_registry l WHERE l.captured_at IS NOT NULL",
+            None,
+            &[],
+        )?;
+        for row in rows {
+            let (Some(oid), Some(layer), Some(id_column)) = (row.get::<i64>(1)?, row.get::<String>(2)?, row.get::<String>(3)?) else { continue };
+            look.layers.insert(oid as u32, LayerTable { layer, id_column });
+        }
+        look.outbox = client
+            .select("SELECT 'feature_outbox.outbox'::regclass::oid::bigint", None, &[])?
+            .first()
+            .get_one::<i64>()?
+            .unwrap_or(0) as u32;
+        let status = client
+            .select("SELECT (SELECT coalesce(s.wal_status, '') FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1)", None, &[name().into()])?
+            .first()
+            .get_one::<String>()?;
+        look.slot = match status.as_deref() {
+            None => SlotState::Missing,
+            Some("lost") => SlotState::Lost,
+            Some(_) => SlotState::Ready,
+        };
+        Ok(look)
+    })
+}
+
+/// The WAL position up to which a read can see every committed change: the flushed end.
+pub fn flushed() -> Result<u64, pgrx::spi::Error> {
+    let lsn = Spi::get_one::<String>("SELECT (pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::text")?;
+    Ok(lsn.and_then(|l| l.parse().ok()).unwrap_or(0))
+}
+
+/// pgoutput's messages of the transactions committed up to `upto`, at least `changes` rows of
+/// them when there are so many (PostgreSQL stops only at a commit), without consuming them.
+pub fn peek(upto: u64, changes: i32) -> Result<Vec<Vec<u8>>, pgrx::spi::Error> {
+    quiet_decoding()?;
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3,
+                    'proto_version', '1', 'publication_names', $4)",
+            None,
+            &[name().into(), lsn_text(upto).into(), changes.into(), PUBLICATIONS.into()],
+        )?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(row.get::<Vec<u8>>(1)?.unwrap_or_default());
+        }
+        Ok(out)
+    })
+}
+
+/// Marks every change up to `lsn` consumed. The slot then keeps no WAL before it.
+pub fn advance(lsn: u64) -> Result<(), pgrx::spi::Error> {
+    quiet_decoding()?;
+    Spi::run_with_args(
+        "SELECT pg_catalog.pg_replication_slot_advance($1, $2::pg_lsn) WHERE $2::pg_lsn > (SELECT s.confirmed_flush_lsn FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1)",
+        &[name().into(), lsn_text(lsn).into()],
+    )
+}
+
+/// Binds this process to the origin: every transaction it commits carries it, and pgoutput names
+/// it in their Begin, so the worker's own writes are known when they are read back.
+pub fn origin_session() -> Result<(), pgrx::spi::Error> {
+    Spi::run_with_args("SELECT pg_catalog.pg_replication_origin_session_setup($1)", &[name().into()])
+}
+
+/// Where the worker had written up to when it last committed events: the end of the last decoded
+/// transaction whose events committed. 0 before the first.
+pub fn origin_progress() -> Result<u64, pgrx::spi::Error> {
+    let lsn = Spi::get_one_with_args::<String>(
+        "SELECT (coalesce(pg_catalog.pg_replication_origin_progress($1, true), '0/0') - '0/0'::pg_lsn)::text",
+        &[name().into()],
+    )?;
+    Ok(lsn.and_then(|l| l.parse().ok()).unwrap_or(0))
+}
+
+/// Records, with this transaction's commit, that decoded transactions up to `lsn` are written.
+pub fn origin_written(lsn: u64, commit_time_us: i64) -> Result<(), pgrx::spi::Error> {
+    Spi::run_with_args(
+        "SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_lsn, timestamptz '2000-01-01 00:00:00+00' + make_interval(secs => $2::float8 / 1e6))",
+        &[lsn_text(lsn).into(), commit_time_us.into()],
+    )
+}
+
+/// No layer is captured (any more), or the extension is gone: the slot and the origin go, so that
+/// no WAL is kept for nothing, and with the extension its publications. Under capture_layer's
+/// lock, looked at again under it: a capture_layer between the worker's look and this keeps them.
+/// Returns false when a layer is captured after all.
+pub fn drop_all(extension: bool) -> Result<bool, pgrx::spi::Error> {
+    Spi::run(&format!("SELECT pg_catalog.pg_advisory_xact_lock({CAPTURE_LOCK})"))?;
+    if extension && Spi::get_one::<bool>("SELECT EXISTS (SELECT 1 FROM feature_outbox.layer_registry l WHERE l.captured_at IS NOT NULL)")? == Some(true) {
+        return Ok(false);
+    }
+    Spi::run_with_args(
+        "SELECT pg_catalog.pg_drop_replication_slot(s.slot_name) FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1",
+        &[name().into()],
+    )?;
+    Spi::run("SELECT pg_catalog.pg_replication_origin_session_reset() WHERE pg_catalog.pg_replication_origin_session_is_setup()")?;
+    Spi::run_with_args(
+        "SELECT pg_catalog.pg_replication_origin_drop($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NOT NULL",
+        &[name().into()],
+    )?;
+    if !extension {
+        Spi::run("DROP PUBLICATION IF EXISTS feature_outbox_capture, feature_outbox_capture_edits")?;
+    }
+    Ok(true)
+}
+
+/// The advisory lock (two int4 keys) capture_layer and uncapture_layer hold while they change
+/// what is captured (sql/capture.sql).
+const CAPTURE_LOCK: &str = "1179601241, 1129338964";
+
+/// Each read or advance of the slot starts a decoding session, which PostgreSQL logs in four LOG
+/// lines: ten a second would flood the server log. For this transaction only, the server logs
+/// only FATAL and PANIC from here (LOG ranks above ERROR in log_min_messages); an error of the read
+/// comes back to the worker, which logs it itself.
+fn quiet_decoding() -> Result<(), pgrx::spi::Error> {
+    Spi::run("SELECT pg_catalog.set_config('log_min_messages', 'fatal', true)")
+}
+
+/// `lsn` as PostgreSQL writes a pg_lsn.
+fn lsn_text(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lsn_text_is_pg_lsn_syntax() {
+        assert_eq!(super::lsn_text(0), "0/0");
+        assert_eq!(super::lsn_text(0x1_0000_00A8), "1/A8");
+        assert_eq!(super::lsn_text(u64::MAX), "FFFFFFFF/FFFFFFFF");
+    }
+}
