@@ -67,7 +67,7 @@ class Subscriber:
             while True:
                 try:
                     batch = await sub.fetch(1000, timeout=0.3)
-                except nats.errors.TimeoutError:
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):  # nats-py raises either
                     break
                 for m in batch:
                     headers = dict(m.headers or {})

@@ -312,7 +312,9 @@ def test_uncapture_layer_stops_its_events_and_keeps_the_others(capture, db, site
     psql(capture, DB, f"INSERT INTO public.blocks (id, geom, name) VALUES (51, '{square(-110.0, 40.0)}', 'Block 51')")
     created = check(db, blocks, sub.wait("blocks", 51, 1)[0], "created", None)
     db.execute("CALL feature_outbox.uncapture_layer('blocks')")
-    assert capture_state(db, blocks.table) == {"slots": [(slot_name(db), "pgoutput")], "published": False, "layers": ["sites"]}
+    state = capture_state(db, blocks.table)
+    assert state["slots"] == [(slot_name(db), "pgoutput")] and not state["published"], state
+    assert "blocks" not in state["layers"] and "sites" in state["layers"], state
     psql(capture, DB, "UPDATE public.blocks SET name = 'not captured' WHERE id = 51")
     psql(capture, DB, f"INSERT INTO public.blocks (id, geom, name) VALUES (52, '{square(-111.0, 40.0)}', 'Block 52')")
     psql(capture, DB, "DELETE FROM public.blocks WHERE id = 51")
@@ -327,17 +329,27 @@ def test_uncapture_layer_stops_its_events_and_keeps_the_others(capture, db, site
 
 
 def test_the_slot_goes_with_the_last_layer_and_with_drop_extension(capture):
+    """uncapture_layer of the last layer drops the slot, at once or (while the worker reads it) at
+    the worker's next round; DROP EXTENSION likewise, with the publications and the replication
+    origin. Nothing of capture's is left to hold WAL."""
     other = "capture_last"
     capture.create_db(other)
     with capture.connect(other) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         a, b = Layer("a").create(conn), Layer("b").create(conn)
         slot = slot_name(conn)
+
+        def leftovers():
+            return conn.execute("""SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s),
+                                          (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'feature_outbox_capture%%'),
+                                          (SELECT count(*) FROM pg_replication_origin WHERE roname = %s)""",
+                                (slot, slot)).fetchone()
         assert capture_state(conn, a.table)["slots"] == [(slot, "pgoutput")]
         conn.execute("CALL feature_outbox.uncapture_layer('a')")
         assert capture_state(conn, a.table) == {"slots": [(slot, "pgoutput")], "published": False, "layers": ["b"]}
         conn.execute("CALL feature_outbox.uncapture_layer('b')")
-        assert capture_state(conn, b.table) == {"slots": [], "published": False, "layers": []}
+        wait_for(lambda: capture_state(conn, b.table) == {"slots": [], "published": False, "layers": []}, 10,
+                 "the slot to go with the last captured layer")
         # Not captured: a write gives no event (nothing reads a slot; none exists to hold WAL).
         psql(capture, other, f"INSERT INTO public.a (id, geom) VALUES (1, '{square(0.0, 0.0)}')")
         conn.execute("CALL feature_outbox.capture_layer('a')")
@@ -346,9 +358,9 @@ def test_the_slot_goes_with_the_last_layer_and_with_drop_extension(capture):
         wait_for(lambda: capture_pids(capture, other), 20, "the capture worker of the database")
         psql(capture, other, "UPDATE public.a SET name = 'captured' WHERE id = 1")
         conn.execute("DROP EXTENSION feature_outbox CASCADE")
-        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s", (PUBLICATION,)).fetchone()[0] == 0
+        wait_for(lambda: leftovers() == (0, 0, 0), 10, "DROP EXTENSION to take the slot, publications and origin")
         psql(capture, other, "UPDATE public.a SET name = 'after DROP EXTENSION' WHERE id = 1")
+        assert capture_pids(capture, other) == []
     drop_db(capture, other)
 
 
