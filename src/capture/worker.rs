@@ -197,14 +197,20 @@ impl Worker {
         let tables = Tables { layers: look.layers, outbox: look.outbox, own_origin: slot::name() };
         self.classifier = Classifier::default();
         let mut committed = Vec::new();
+        // The end of the chunk's last transaction, the worker's own included: a full chunk of only
+        // its own version bumps must still move the slot on, or the next round reads it again.
+        let mut last_end = 0;
         for data in &messages {
             let message = pgoutput::decode(data).map_err(|e| format!("cannot decode pgoutput's message: {e}"))?;
+            if let pgoutput::Message::Commit { end_lsn, .. } = &message {
+                last_end = *end_lsn;
+            }
             if let Some(c) = self.classifier.feed(message, &tables)? {
                 committed.push(c);
             }
         }
         // Everything up to `upto` was read, unless the chunk was full: then up to its last commit.
-        let consumed_to = if partial { committed.last().map_or(0, |c| c.end_lsn) } else { upto };
+        let consumed_to = if partial { last_end } else { upto };
         let fresh: Vec<Committed> = committed.into_iter().filter(|c| c.end_lsn > self.written_to).collect();
         if !fresh.is_empty() {
             update(|c| c.state = "writing");
