@@ -51,6 +51,9 @@ class Subscriber:
     def __init__(self, url: str, db: str, durable: str, stream: str = "FEATURES", prefix: str = "features"):
         self.url, self.db, self.durable, self.stream, self.prefix = url, db, durable, stream, prefix
         self.received: list[dict] = []
+        # Stream sequences taken: a message redelivered to this consumer (an ack lost) is the same
+        # message again, not a second event from the relay, which would have a sequence of its own.
+        self.seen: set[int] = set()
 
     def poll(self) -> list[dict]:
         async def run():
@@ -71,7 +74,9 @@ class Subscriber:
                     break
                 for m in batch:
                     headers = dict(m.headers or {})
-                    if not headers.get("Nats-Msg-Id", "").endswith(":departed"):
+                    seq = m.metadata.sequence.stream
+                    if seq not in self.seen and not headers.get("Nats-Msg-Id", "").endswith(":departed"):
+                        self.seen.add(seq)
                         event = json.loads(m.data)
                         if event.get("database") == self.db:
                             self.received.append({"subject": m.subject, "headers": headers, "event": event})
