@@ -128,8 +128,8 @@ def reconfigure(c: Cluster, **settings) -> None:
 
 def consume(urls: list[str], filters: list[str], stream: str = "FEATURES") -> list[dict]:
     """Every message of the stream matching any of `filters`, through one ephemeral JetStream pull
-    consumer per filter (nats-server 2.9 takes one filter subject per consumer): subject, message id
-    and body, as a subscriber that selects by subject alone receives them."""
+    consumer per filter (nats-server 2.9 takes one filter subject per consumer): subject, message id,
+    headers and body, as a subscriber that selects by subject alone receives them."""
     async def run():
         nc = await nats.connect(servers=urls, connect_timeout=5, max_reconnect_attempts=5)
         js = nc.jetstream(timeout=10)
@@ -141,8 +141,8 @@ def consume(urls: list[str], filters: list[str], stream: str = "FEATURES") -> li
             while pending > 0:
                 batch = await sub.fetch(min(pending, 2000), timeout=10)
                 pending -= len(batch)
-                out += [{"subject": m.subject, "id": (m.headers or {}).get("Nats-Msg-Id", ""), "event": json.loads(m.data)}
-                        for m in batch]
+                out += [{"subject": m.subject, "id": (m.headers or {}).get("Nats-Msg-Id", ""), "headers": dict(m.headers or {}),
+                         "event": json.loads(m.data)} for m in batch]
             await sub.unsubscribe()
         await nc.close()
         return out

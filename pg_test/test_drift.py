@@ -159,7 +159,13 @@ def test_drift_shows_every_write_outside_the_product_and_resync_sends_its_events
         current = {fid: row(conn, "plots", fid) for fid in (1, 2, 3, 8)}
         assert conn.execute("CALL feature_outbox.resync('plots')").fetchone() == (0, 0), "a second run writes nothing"
         spain, rome, amsterdam = key_of(conn, -3.7, 40.4), key_of(conn, 12.5, 41.9), key_of(conn, 4.9, 52.4)
-    got = {(m["event"]["feature_id"], m["event"]["action"]): m["event"] for m in events_of(relay, nats_server, "plots")}
+    messages = events_of(relay, nats_server, "plots")
+    got = {(m["event"]["feature_id"], m["event"]["action"]): m["event"] for m in messages}
+    # resync's events say so, in the body and beside it; the edits before it were the application's.
+    origins = {(m["event"]["feature_id"], m["event"]["action"]): (m["event"]["origin"], m["headers"]["Feature-Origin"]) for m in messages}
+    assert origins == {**{(str(fid), "created"): ("application",) * 2 for fid in range(1, 8)},
+                       **{k: ("resync",) * 2 for k in [("1", "moved"), ("2", "updated"), ("3", "moved"), ("4", "retired"),
+                                                      ("5", "retired"), ("8", "created")]}}
     e = got[("1", "moved")]
     assert (e["routing_key"], e["previous_routing_key"]) == (spain, keys[1])
     assert e["geometry"] == {"type": "Point", "coordinates": [-3.7, 40.4]} and e["event_version"] == current[1][0] == 2

@@ -92,6 +92,8 @@ def check_cloudevent(event, body: bytes, row: dict, departed: bool) -> None:
     # The data is the event body as the native envelope sends it.
     data = event.get_data()
     assert data == json.loads(body)
+    # An extension attribute of this project's: where the event comes from, as the body says.
+    assert attrs["featureorigin"] == data["origin"] == row["origin"] == "application"
     assert (data["event_id"], data["action"], data["layer"], data["feature_id"], data["event_version"]) == (
         str(row["event_id"]), row["event_type"], row["layer"], row["key"], row["feature_version"])
     assert data["routing_key"] == row["routing_key"] and data["previous_routing_key"] == row["previous_routing_key"]

@@ -97,6 +97,7 @@ def test_each_committed_edit_arrives_once_as_its_row_keyed_in_javas_partition_in
         assert headers["Feature-Schema-Version"] == str(event["schema_version"])
         assert headers["Feature-Layer"] == "parcels" and headers["Feature-Id"] == str(fid)
         assert headers["Feature-Version"] == str(e["version"]) and headers["Routing-Key"] == e["routing_key"]
+        assert headers["Feature-Origin"] == event["origin"] == "application"
         # The parent cells a NATS subject carries (subject_resolutions 3,5,7 by default), by resolution.
         own = h3.get_resolution(e["routing_key"])
         parents = {f"Parent-Cell-{r}": h3.cell_to_parent(e["routing_key"], r) for r in (3, 5, 7) if r < own}
@@ -154,6 +155,7 @@ def test_cloudevents_messages_parse_with_the_sdks_kafka_binding(relay, broker):
         assert ce["type"] == "features.created" and ce["subject"] == "900"
         assert ce["datacontenttype"] == "application/json"
         assert headers["ce_partitionkey"] == b"900" and ce["partitionkey"] == b"900"
+        assert ce["featureorigin"] == event["origin"] == "application"
         assert ce.data == event
         assert headers["id"].decode() == e["event_id"]  # the native headers stay beside the ce_ ones
     finally:

@@ -32,7 +32,7 @@ SETTINGS = (
     "feature_outbox.max_attempts = 3",
 )
 EVENT_FIELDS = {"schema_version", "event_id", "database", "database_id", "layer", "registration_id", "properties", "action", "feature_id", "event_version", "geometry_version",
-                "routing_key", "previous_routing_key", "crs", "geometry", "bbox", "previous_bbox", "occurred_at", "relayed_at"}
+                "routing_key", "previous_routing_key", "crs", "geometry", "bbox", "previous_bbox", "occurred_at", "relayed_at", "origin"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
@@ -148,6 +148,8 @@ def test_nats_every_edit_once_with_format_and_headers(relay, nats_server):
         assert m["headers"]["Feature-Id"] == str(row["feature_id"]) == e["feature_id"]
         assert m["headers"]["Feature-Version"] == str(row["feature_version"]) == str(e["event_version"])
         assert m["headers"]["Feature-Outbox-Database"] == DB
+        # edit_feature's events are the application's, in the body and beside it.
+        assert e["origin"] == row["origin"] == m["headers"]["Feature-Origin"] == "application"
         assert m["headers"].get("Previous-Routing-Key") == row["previous_routing_key"] == e["previous_routing_key"]
         assert (e["action"], e["routing_key"], e["schema_version"], e["crs"]) == (row["event_type"], row["routing_key"], 3, "EPSG:4326")
         assert RFC3339_UTC.match(e["occurred_at"]) and RFC3339_UTC.match(e["relayed_at"])
@@ -334,6 +336,7 @@ def test_http_every_edit_once_signed_with_standard_webhooks(relay, receiver):
         # The standardwebhooks library's verifier accepts it (and so checks the HMAC-SHA256).
         event = verifier.verify(req["body"], {k: h[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")})
         assert set(event) == EVENT_FIELDS and event["event_id"] == str(row["event_id"])
+        assert event["origin"] == row["origin"] == h["feature-origin"] == "application"
         tampered = req["body"].replace(b"EPSG:4326", b"EPSG:3857")
         with pytest.raises(Exception):
             verifier.verify(tampered, {k: h[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")})

@@ -130,8 +130,10 @@ def test_upgrade_equals_fresh_install_and_keeps_and_relays_every_row(version, na
             assert conn.execute(f"SELECT {EVENT_COLUMNS} FROM feature_outbox.outbox ORDER BY id").fetchall() == before_events
             assert conn.execute(f"SELECT {ROW_COLUMNS} FROM feature_outbox.outbox WHERE id <> ALL(%s) ORDER BY id",
                                 (pending,)).fetchall() == untouched
-            # Rows written before 0.2.0 are the built-in layer's.
+            # Rows written before 0.2.0 are the built-in layer's; every row from before 0.5.0 the application's.
             assert conn.execute("SELECT DISTINCT layer FROM feature_outbox.outbox").fetchall() == [("features",)]
+            assert conn.execute("SELECT origin, count(*) FROM feature_outbox.outbox GROUP BY origin").fetchall() == [
+                ("application", len(ids))]
             # The outbox sequence continues above the old ids.
             conn.execute("SELECT feature_outbox.edit_feature(6, '{\"type\":\"Point\",\"coordinates\":[0,1]}', 'created')")
             [(new_id,)] = conn.execute("SELECT id FROM feature_outbox.outbox WHERE feature_id = 6").fetchall()
@@ -140,9 +142,12 @@ def test_upgrade_equals_fresh_install_and_keeps_and_relays_every_row(version, na
                                           (new_id,)).fetchone()[0], 10, "the first edit after the update to be relayed")
             assert conn.execute("SELECT state FROM feature_outbox.workers").fetchall() == [("idle",)]
             event_ids = {r[0]: str(r[1]) for r in conn.execute("SELECT id, event_id FROM feature_outbox.outbox")}
-        delivered = Counter(m["event"]["event_id"] for m in nats_server.messages())
+        messages = nats_server.messages()
+        delivered = Counter(m["event"]["event_id"] for m in messages)
         # Each pending row exactly once; rows published before, and the parked one, never.
         assert delivered == Counter({event_ids[i]: 1 for i in pending} | {event_ids[new_id]: 1})
+        # The rows that waited through the update, and the first edit after it, say where they came from.
+        assert {(m["event"]["origin"], m["headers"]["Feature-Origin"]) for m in messages} == {("application", "application")}
     finally:
         c.stop()
 

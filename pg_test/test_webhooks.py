@@ -64,6 +64,7 @@ def check_event(event: dict, row: dict) -> None:
     assert event["routing_key"] == row["routing_key"]
     assert (event["database"], event["database_id"]) == (DB, row["database_id"])
     assert event["geometry"] == {"type": "Point", "coordinates": [(i % 340) - 170, (i % 160) - 80]}
+    assert event["origin"] == row["origin"]
 
 
 def delivered(receiver, rows) -> dict:
@@ -136,12 +137,44 @@ def test_a_batch_is_one_signed_json_array_of_events_equal_to_their_rows(relay, r
             h = r["headers"]
             assert h["content-type"] == "application/json" and h["webhook-id"].startswith("batch_")
             assert h["idempotency-key"] == h["webhook-id"]
+            assert h["feature-origin"] == "application"  # every event of the batch is the application's
             # Signed as one message: the whole array.
             assert verifier.verify(r["body"], {k: h[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")}) == json.loads(r["body"])
         got = delivered(receiver, rows)
         assert sorted(got) == sorted(rows) and all(len(v) == 1 for v in got.values())
         for event_id, [event] in got.items():
             check_event(event, rows[event_id])
+    finally:
+        configure(relay, http_batch=None)
+
+
+def test_a_batch_says_its_origin_only_when_its_events_share_it(relay, receiver):
+    """Feature-Origin names the request's events' origin when they have one; each event's body says
+    its own. The relay's one worker sends the four events, held until all are written, in one batch."""
+    configure(relay, http_batch=100)
+    held = [True]
+
+    def respond(request):
+        if held[0]:
+            request["status"] = 503
+            return 503, {}
+        return 200, {}
+    receiver.respond = respond
+    try:
+        first, n = 7000, 4
+        with relay.connect(DB) as conn:
+            point_edits(conn, first, n)
+            # One event as the capture worker (issue 49) writes it, through the superuser here.
+            conn.execute("UPDATE feature_outbox.outbox SET origin = 'captured' WHERE feature_id = %s", (first + 1,))
+        held[0] = False
+        settle(relay, first, n)
+        rows = outbox(relay, first, n)
+        sent = [r for r in receiver.requests if r.get("status", 200) < 300 and any(e["event_id"] in rows for e in events_of(r))]
+        assert [sorted(e["event_id"] for e in events_of(r)) for r in sent] == [sorted(rows)], "one batch of the four"
+        assert "feature-origin" not in sent[0]["headers"]
+        for event in events_of(sent[0]):
+            check_event(event, rows[event["event_id"]])
+        assert sorted(e["origin"] for e in events_of(sent[0])) == ["application"] * 3 + ["captured"]
     finally:
         configure(relay, http_batch=None)
 
@@ -213,6 +246,7 @@ def test_cloudevents_batches_are_the_json_batch_format(relay, receiver):
                         attrs["dataschema"]) == ("1.0", f"/{row['database_id']}/features", f"features.{row['event_type']}", str(row["feature_id"]),
                                                  row["created_at"], "application/json", "urn:feature-outbox:event-schema:3")
                 check_event(event.get_data(), row)
+                assert attrs["featureorigin"] == "application"
                 seen.append(attrs["id"])
         assert sorted(seen) == sorted(rows)
     finally:

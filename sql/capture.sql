@@ -113,8 +113,13 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication p WHERE p.pubname = 'feature_outbox_capture_edits') THEN
         -- The application's edits, by their outbox rows: which feature each transaction recorded.
-        CREATE PUBLICATION feature_outbox_capture_edits FOR TABLE feature_outbox.outbox (id, feature_id, layer, feature_key)
-          WITH (publish = 'insert');
+        CREATE PUBLICATION feature_outbox_capture_edits WITH (publish = 'insert');
+    END IF;
+    -- Added whenever missing: pg_dump keeps the publication but not an extension table's place in
+    -- it, so a restored copy has it empty (and would send the application's edits twice).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+                    WHERE p.pubname = 'feature_outbox_capture_edits' AND r.prrelid = 'feature_outbox.outbox'::regclass) THEN
+        ALTER PUBLICATION feature_outbox_capture_edits ADD TABLE feature_outbox.outbox (id, feature_id, layer, feature_key);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
                     WHERE p.pubname = 'feature_outbox_capture' AND r.prrelid = lay.tbl) THEN
@@ -188,6 +193,7 @@ AS $$
 DECLARE
     created boolean := false;
 BEGIN
+    PERFORM feature_outbox._capture_outside_transaction('capture_layer');
     PERFORM feature_outbox._capture_publish(layer);
     COMMIT;
     BEGIN
@@ -212,6 +218,7 @@ CREATE OR REPLACE PROCEDURE uncapture_layer(layer text)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    PERFORM feature_outbox._capture_outside_transaction('uncapture_layer');
     PERFORM feature_outbox._uncapture(layer);
     COMMIT;
     PERFORM feature_outbox._capture_wake();

@@ -272,7 +272,8 @@ BEGIN
         END CASE;
         RETURN 'written';
     EXCEPTION WHEN OTHERS THEN
-        IF SQLSTATE IN ('57014', '57P01', '40P01') THEN  -- cancel, shutdown, deadlock: stop
+        -- Cancel, shutdown, deadlock, lock timeout, serialization failure: stop, and try again later.
+        IF SQLSTATE IN ('57014', '57P01', '40P01', '55P03', '40001') THEN
             RAISE;
         END IF;
         RAISE WARNING 'the event of feature % of layer % was refused: %', p_key, lay.layer, SQLERRM

@@ -216,6 +216,10 @@ BEGIN
         RAISE EXCEPTION 'must be owner of table % to unregister layer %', r.tbl, layer USING ERRCODE = '42501',
             HINT = 'Unregister it as the table''s owner, or as a superuser (the only choice once the table is dropped).';
     END IF;
+    IF r.captured_at IS NOT NULL THEN
+        RAISE EXCEPTION 'layer % is captured', layer USING ERRCODE = '55006',
+            HINT = format('CALL feature_outbox.uncapture_layer(%L) first.', layer);
+    END IF;
     -- Edits of this layer that have not committed yet finish first; new ones wait until this
     -- commits, then find the layer gone. Edits of other layers do not wait.
     PERFORM pg_advisory_xact_lock(1179601241, hashtext(layer));

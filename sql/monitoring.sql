@@ -145,6 +145,29 @@ AS $$
         '# TYPE outbox_standby_unconfirmed_batches_total counter',
         (SELECT string_agg(format('outbox_standby_unconfirmed_batches_total{%s,worker="%s"} %s', l.db, g.worker, g.standby_unconfirmed_batches), E'\n' ORDER BY g.worker)
            FROM _relay_standby_gate() g WHERE g.standby_held_batches IS NOT NULL),
+        -- Capture of direct writes (0.5.0, sql/capture.sql): no sample while no layer is captured.
+        -- Lag in bytes is WAL written since the slot's confirmed position; in seconds, since the
+        -- worker last had read every committed change. Retained WAL grows while it is behind or
+        -- stopped, up to max_slot_wal_keep_size.
+        -- HELP and TYPE always, as for the sinks' series; a sample only while a layer is captured.
+        (SELECT string_agg(concat_ws(E'\n', format('# HELP %s %s', g.name, g.help), format('# TYPE %s %s', g.name, g.kind),
+                                     CASE WHEN c.state <> 'off' AND NOT pg_is_in_recovery()
+                                          THEN format('%s{%s} %s', g.name, l.db, g.value) END),
+                           E'\n' ORDER BY g.ord)
+           FROM capture c,
+                LATERAL (VALUES
+                 (1, 'outbox_capture_lag_bytes', 'WAL written since the capture slot''s confirmed position; -1 without a slot.', 'gauge',
+                  coalesce(c.lag_bytes, -1)::numeric),
+                 (2, 'outbox_capture_lag_seconds', 'Seconds since the capture worker last had read every committed change.', 'gauge',
+                  round(coalesce(c.lag_seconds, 0)::numeric, 3)),
+                 (3, 'outbox_capture_retained_wal_bytes', 'WAL the capture slot keeps on disk.', 'gauge',
+                  coalesce(c.retained_wal_bytes, 0)::numeric),
+                 (4, 'outbox_capture_running', '1 while the capture worker runs with its slot.', 'gauge',
+                  (c.pid IS NOT NULL AND c.state NOT IN ('no slot', 'slot invalidated', 'retrying'))::integer),
+                 (5, 'outbox_capture_events_total', 'Events the capture worker wrote since server start.', 'counter',
+                  coalesce(c.events, 0)),
+                 (6, 'outbox_capture_refused_rows_total', 'Captured rows whose event the edit path refused (a WARNING each), since server start.', 'counter',
+                  coalesce(c.refused, 0))) AS g(ord, name, help, kind, value)),
         -- Expire outputs (0.4.0, sql/tiles.sql): one sample per output (and zoom); none without outputs.
         '# HELP outbox_expire_tiles_total Tiles an expire output delivered, by zoom (each batch''s tiles merged first).',
         '# TYPE outbox_expire_tiles_total counter',
@@ -175,7 +198,7 @@ AS $$
            LATERAL (SELECT format('database="%s"',
                                   replace(replace(replace(current_database(), E'\\', E'\\\\'), '"', E'\\"'), E'\n', E'\\n'))) AS l(db)
 $$;
-COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, outbox_server_in_recovery, outbox_relay_workers_configured, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, outbox_standby_wait_bytes, outbox_standby_waiting_on, outbox_standby_wait_seconds, outbox_standby_held_batches_total, outbox_standby_unconfirmed_batches_total, and per expire output outbox_expire_*.';
+COMMENT ON FUNCTION metrics() IS 'Prometheus exposition text: outbox_rows_relayed_total{event_type}, outbox_unpublished_rows, ages, outbox_relay_held, outbox_server_in_recovery, outbox_relay_workers_configured, per worker outbox_sink_up, outbox_sink_errors_total, outbox_sink_last_success_timestamp_seconds, outbox_standby_wait_bytes, outbox_standby_waiting_on, outbox_standby_wait_seconds, outbox_standby_held_batches_total, outbox_standby_unconfirmed_batches_total, outbox_capture_* while a layer is captured, and per expire output outbox_expire_*.';
 
 -- Monitoring roles read the backlog and the workers: members of pg_monitor, PostgreSQL's own role
 -- for monitoring. Nothing in them is secret (errors never carry credentials).
@@ -208,7 +231,10 @@ SELECT l.layer,
        reg.held_reason,
        -- The whole database held as a copy of another (the backlog view's column).
        b.relay_held_reason,
-       b.relay_workers_configured
+       b.relay_workers_configured,
+       -- A captured layer's slot lag (the capture view's): NULL while the layer is not captured.
+       CASE WHEN reg.captured_at IS NOT NULL THEN c.lag_bytes END AS capture_lag_bytes,
+       CASE WHEN reg.captured_at IS NOT NULL THEN c.lag_seconds END AS capture_lag_seconds
   FROM (SELECT r.layer FROM layer_registry r
         UNION
         SELECT o.layer FROM outbox o WHERE o.published_at IS NULL AND o.id >= _relay_low_water()
@@ -228,10 +254,11 @@ SELECT l.layer,
                 WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL AND o.id < _relay_low_water()) o
         GROUP BY o.layer) u ON u.layer = l.layer
   LEFT JOIN layer_registry reg ON reg.layer = l.layer
- CROSS JOIN backlog b;
+ CROSS JOIN backlog b
+ CROSS JOIN capture c;
 COMMENT ON VIEW backlog_by_layer IS 'The backlog view''s columns, one row per layer.';
 
-GRANT SELECT ON backlog, workers, backlog_by_layer TO pg_monitor;
+GRANT SELECT ON backlog, workers, backlog_by_layer, capture TO pg_monitor;
 
 -- Every database the relay serves on this server, from shared memory (issue: many databases). Like
 -- the workers view it is for monitoring roles only.

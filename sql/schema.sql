@@ -47,7 +47,11 @@ CREATE TABLE outbox (
     -- The writer's W3C trace context (0.3.0): feature_outbox.traceparent and .tracestate in effect at
     -- write time, sent with the event; their defaults (sql/trace.sql) read them. NULL without one.
     traceparent          text,
-    tracestate           text
+    tracestate           text,
+    -- Where the event comes from (0.5.0): 'application' (the extension's functions), 'captured' (the
+    -- capture worker, for a write made outside them) or 'resync'. Its default, _event_origin(), is
+    -- set by sql/origin.sql, which declares it. Last: an update appends it (sql/updates/).
+    origin               text        NOT NULL CHECK (origin IN ('application', 'captured', 'resync'))
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';

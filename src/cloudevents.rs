@@ -66,6 +66,8 @@ pub fn attributes(from: &Source, prefix: &str, row: &Row, message: Message) -> V
         ("time", row.occurred_at.clone()),
         ("datacontenttype", "application/json".to_string()),
         ("dataschema", dataschema()),
+        // An extension attribute of this project's: where the event comes from (the body's `origin`).
+        (ORIGIN_ATTRIBUTE, row.origin.clone()),
     ];
     // The Distributed Tracing extension: the writer's W3C values as CloudEvents attributes.
     a.extend(trace(row));
@@ -89,6 +91,12 @@ fn trace(row: &Row) -> Vec<(&'static str, String)> {
 pub const DATABASE_HEADER: &str = "Feature-Outbox-Database";
 /// Beside it, the database's identity (the events' `database_id`), which a rename does not change.
 pub const DATABASE_ID_HEADER: &str = "Feature-Outbox-Database-Id";
+
+/// The header that says where an event comes from, the body's `origin`, on every sink and envelope.
+pub const ORIGIN_HEADER: &str = "Feature-Origin";
+/// The same as a CloudEvents extension attribute: lowercase letters and digits, at most 20
+/// (CloudEvents 1.0 §3.1.1), prefixed because `origin` alone could be another producer's extension.
+pub const ORIGIN_ATTRIBUTE: &str = "featureorigin";
 
 pub fn database_header_value(database: &str) -> String {
     utf8_percent_encode(database, HEADER_VALUE).to_string()
@@ -162,6 +170,7 @@ mod tests {
         assert_eq!(get(&http, "ce-subject"), Some("Gate%207%20%22north%22%20%25"));
         assert_eq!(get(&http, "ce-time"), Some("2026-11-30T06:00:00.000000Z"));
         assert_eq!(get(&http, "ce-dataschema"), Some("urn:feature-outbox:event-schema:3"));
+        assert_eq!(get(&http, "ce-featureorigin"), Some("application"));
         assert_eq!(get(&http, "ce-datacontenttype"), None);
         assert_eq!(get(&http, "ce-traceparent"), None);
         let nats = headers(Envelope::CloudEvents, Binding::Nats, &named("db"), "features", &r, Message::Departed);
@@ -174,6 +183,7 @@ mod tests {
         let kafka = headers(Envelope::CloudEvents, Binding::Kafka, &named("db"), "features", &r, Message::Event);
         assert_eq!(get(&kafka, "ce_id"), Some(r.event_id.as_str()));
         assert_eq!(get(&kafka, "ce_subject"), Some("Gate 7 \"north\" %"));
+        assert_eq!(get(&kafka, "ce_featureorigin"), Some("application"));
         assert_eq!(get(&kafka, "content-type"), Some("application/json"));
         assert!(kafka.iter().all(|(n, _)| !n.starts_with("ce-") && n != "ce_datacontenttype"));
     }
@@ -197,8 +207,14 @@ mod tests {
         assert_eq!(v["type"], "features.moved");
         assert_eq!(v["datacontenttype"], "application/json");
         assert_eq!(v["traceparent"], r.traceparent.clone().unwrap());
+        assert_eq!(v["featureorigin"], "application");
         assert_eq!(v["data"], serde_json::from_slice::<serde_json::Value>(&body).unwrap());
-        assert_eq!(v.as_object().unwrap().len(), 10);
+        assert_eq!(v.as_object().unwrap().len(), 11);
+    }
+
+    #[test]
+    fn the_origin_attribute_is_a_valid_extension_name() {
+        assert!(ORIGIN_ATTRIBUTE.len() <= 20 && ORIGIN_ATTRIBUTE.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
     }
 
     #[test]

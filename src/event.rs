@@ -57,6 +57,8 @@ pub struct Row {
     /// The writer's W3C traceparent and tracestate (feature_outbox.traceparent at write time).
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// Where the event comes from (outbox.origin): application, captured or resync.
+    pub origin: String,
 }
 
 impl Row {
@@ -83,6 +85,7 @@ impl Row {
             row_failures: self.row_failures,
             traceparent: self.traceparent.clone(),
             tracestate: self.tracestate.clone(),
+            origin: self.origin.clone(),
         }
     }
 
@@ -93,7 +96,8 @@ impl Row {
 }
 
 /// The event JSON (schema 3): the guide's fields plus event_id, layer, previous_routing_key, bbox,
-/// previous_bbox, properties and relayed_at; database and database_id since 0.4.0 (additive).
+/// previous_bbox, properties and relayed_at; database and database_id since 0.4.0, origin since
+/// 0.5.0 (additive).
 #[derive(Serialize)]
 struct Event<'a> {
     schema_version: i32,
@@ -123,6 +127,9 @@ struct Event<'a> {
     geometry_ref: Option<&'a GeometryRef>,
     occurred_at: &'a str,
     relayed_at: &'a str,
+    /// Where the event comes from: application (the extension's functions), captured (a write made
+    /// outside them, decoded from the WAL) or resync.
+    origin: &'a str,
 }
 
 /// Where a geometry too large for one NATS message was put: a JetStream Object Store object holding
@@ -182,6 +189,7 @@ fn build(source: &Source, row: &Row, relayed_at: &str, geometry: Option<Box<RawV
         geometry_ref,
         occurred_at: &row.occurred_at,
         relayed_at,
+        origin: &row.origin,
     })
     .map_err(|e| e.to_string())
 }
@@ -229,6 +237,7 @@ pub(crate) mod tests {
             row_failures: 0,
             traceparent: None,
             tracestate: None,
+            origin: "application".into(),
         }
     }
 
@@ -252,7 +261,8 @@ pub(crate) mod tests {
         assert_eq!(v["previous_bbox"], serde_json::json!([13.3, 52.5, 13.35, 52.55]));
         assert_eq!(v["database"], "gis");
         assert_eq!(v["database_id"], "6f1c4a52-9d7e-4b8a-a3c1-2e5f0d9b7c31");
-        assert_eq!(v.as_object().unwrap().len(), 19);
+        assert_eq!(v["origin"], "application");
+        assert_eq!(v.as_object().unwrap().len(), 20);
     }
 
     #[test]
@@ -266,7 +276,7 @@ pub(crate) mod tests {
         // The object is exactly the geometry the inline event would carry.
         let inline: serde_json::Value = serde_json::from_slice(&to_json(&source(), &r, "t").unwrap()).unwrap();
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&object).unwrap(), inline["geometry"]);
-        assert_eq!(v.as_object().unwrap().len(), 20);
+        assert_eq!(v.as_object().unwrap().len(), 21);
     }
 
     #[test]

@@ -8,11 +8,11 @@ use pgrx::prelude::*;
 
 mod backoff;
 mod capture;
-mod event_origin;
 mod databases;
 mod ddl_guard;
 mod edit;
 mod event;
+mod event_origin;
 mod geojson;
 mod input_error;
 mod launcher;
@@ -57,6 +57,7 @@ extension_sql_file!(
         edit::layers::_as_caller_row
     ]
 );
+extension_sql_file!("../sql/origin.sql", name = "origin", requires = ["schema"]);
 extension_sql_file!("../sql/trace.sql", name = "trace", requires = ["schema", trace_context::_traceparent, trace_context::_tracestate]);
 extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
 extension_sql_file!(
@@ -66,6 +67,7 @@ extension_sql_file!(
         "edit",
         "layers",
         "tiles",
+        "capture",
         monitoring::_relay_workers,
         monitoring::_relay_status,
         monitoring::_relay_databases,
@@ -91,7 +93,7 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/capture.sql",
     name = "capture",
-    requires = ["drift", "layers", capture::status::_capture_wake, capture::status::_capture_status]
+    requires = ["drift", "layers", capture::status::_capture_wake, capture::status::_capture_status, capture::status::_capture_outside_transaction]
 );
 extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);

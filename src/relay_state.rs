@@ -336,6 +336,10 @@ pub struct RelayShared {
     /// Test builds: the next tile delivery exits before deleting its queued edits.
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub crash_after_next_tiles: bool,
+    /// Test builds: the next capture transaction that completes a decoded one exits after its
+    /// commit, before the slot is advanced.
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub crash_after_next_capture: bool,
 }
 
 impl Default for RelayShared {
@@ -346,6 +350,7 @@ impl Default for RelayShared {
             launcher_latch: 0,
             crash_after_next_publish: false,
             crash_after_next_tiles: false,
+            crash_after_next_capture: false,
         }
     }
 }

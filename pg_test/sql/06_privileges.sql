@@ -18,7 +18,15 @@ SELECT try($$UPDATE feature_outbox.outbox SET published_at = now()$$);
 SELECT try($$DELETE FROM feature_outbox.outbox$$);
 -- The internal function that does the writing is not callable either.
 SELECT try($$SELECT feature_outbox._edit('features', 3, 'SRID=4326;POINT(1 1)'::geometry, 'created', NULL, NULL, false)$$);
+-- Nor can it pass its edits off as captured or resynced: outbox.origin's default reads a value only
+-- the library sets. There is no setting to change it, the default is the table owner's, and only a
+-- superuser may bind a function to the library's C symbol.
+SELECT feature_outbox._event_origin();
+SELECT try($$SET feature_outbox.origin = 'captured'$$);
+SELECT try($$ALTER TABLE feature_outbox.outbox ALTER COLUMN origin SET DEFAULT 'captured'$$);
+SELECT try($$CREATE FUNCTION pg_temp.origin() RETURNS text LANGUAGE c AS 'feature_outbox', 'feature_outbox_event_origin'$$);
 RESET ROLE;
+SELECT feature_id, feature_version, origin FROM feature_outbox.outbox ORDER BY id;
 
 -- A role without the grant cannot edit at all.
 CREATE ROLE regress_other LOGIN;

@@ -37,7 +37,7 @@ UPDATE public.parcels SET retired_at = now() WHERE id = 2;
 SELECT feature_outbox.record_edit('parcels', 2, 'retired');
 COMMIT;
 SELECT id, version, name, lots, retired_at IS NOT NULL AS retired FROM public.parcels;
-SELECT feature_version, event_type, routing_key = feature_outbox.routing_key('SRID=4326;POINT(-73.99 40.75)') AS at_the_new_place,
+SELECT feature_version, event_type, origin, routing_key = feature_outbox.routing_key('SRID=4326;POINT(-73.99 40.75)') AS at_the_new_place,
        previous_routing_key = feature_outbox.routing_key('SRID=4326;POINT(-73.95 40.78)') AS from_the_old_place
   FROM feature_outbox.outbox WHERE layer = 'parcels' AND feature_id = 2 ORDER BY id;
 

@@ -23,13 +23,16 @@ INSERT INTO public.plots (id, geom, version, name, area) VALUES (8, ST_SetSRID(S
 UPDATE public.plots SET version = version WHERE id = 6;
 CREATE TABLE before AS SELECT * FROM public.plots;
 SELECT count(*) AS outbox_rows_before, max(id) AS last_id FROM feature_outbox.outbox \gset
+-- edit_feature's events say where they come from: the application.
+SELECT origin, count(*) FROM feature_outbox.outbox GROUP BY origin;
 SELECT * FROM feature_outbox.drift('plots') ORDER BY feature_id::bigint;
 
 CALL feature_outbox.resync('plots');
 SELECT count(*) AS drifted FROM feature_outbox.drift('plots');
 SELECT drifted_rows FROM feature_outbox.backlog_by_layer WHERE layer = 'plots';
--- One event each: the move from the cell subscribers saw, the retirement where it was.
-SELECT o.feature_id, o.event_type, o.feature_version,
+-- One event each: the move from the cell subscribers saw, the retirement where it was; each says
+-- resync wrote it (origin), the deleted row's too, which resync writes without _edit.
+SELECT o.feature_id, o.event_type, o.feature_version, o.origin,
        o.routing_key = CASE o.feature_id WHEN 1 THEN key_of(-3.7, 40.4) WHEN 3 THEN key_of(12.5, 41.9)
                                          WHEN 8 THEN key_of(4.9, 52.4) ELSE key_of(2.0 + o.feature_id / 10.0, 48.0) END AS routed_on_the_row,
        o.previous_routing_key IS NOT DISTINCT FROM CASE WHEN o.feature_id <> 8 THEN key_of(2.0 + o.feature_id / 10.0, 48.0) END
@@ -52,7 +55,7 @@ SELECT * FROM feature_outbox.drift('plots') ORDER BY 1;
 CALL feature_outbox.resync('plots');
 SELECT count(*) AS drifted FROM feature_outbox.drift('plots');
 SELECT feature_id, last_event FROM feature_outbox.feature_state WHERE layer = 'plots' AND feature_id IN (6, 7) ORDER BY 1;
-SELECT feature_id, event_type FROM feature_outbox.outbox WHERE layer = 'plots' ORDER BY id DESC LIMIT 1;
+SELECT feature_id, event_type, origin FROM feature_outbox.outbox WHERE layer = 'plots' ORDER BY id DESC LIMIT 1;
 
 -- Refusals, each writing nothing.
 SELECT written();
@@ -62,3 +65,8 @@ SELECT try($$CALL feature_outbox.resync(NULL)$$);
 SELECT try($$CALL feature_outbox.resync('plots', 0)$$);
 SELECT try($$CALL feature_outbox.resync('plots', -1)$$);
 SELECT written();
+
+-- resync's origin ends with it, also when it failed (the refusals above raised inside it): the
+-- session's next edit is the application's again.
+SELECT feature_outbox.edit_feature('plots', 9, ST_SetSRID(ST_MakePoint(2.5, 48.0), 4326), 'created', '{"name": "plot 9"}');
+SELECT feature_id, event_type, origin FROM feature_outbox.outbox ORDER BY id DESC LIMIT 1;

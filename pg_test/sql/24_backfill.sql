@@ -20,7 +20,8 @@ SELECT counts();
 
 -- Colorado's box, given in CONUS Albers metres: the live features inside, each at its version.
 CALL feature_outbox.backfill('sites', ST_Transform(ST_MakeEnvelope(-109.05, 36.99, -102.04, 41.0, 4326), 5070));
-SELECT o.feature_id, o.feature_version, s.version AS row_version, o.previous_routing_key IS NULL AS no_previous_key,
+-- Snapshots are the application's (origin): the operator's call, like an edit.
+SELECT o.feature_id, o.feature_version, s.version AS row_version, o.origin, o.previous_routing_key IS NULL AS no_previous_key,
        o.routing_key = feature_outbox.routing_key(ST_Transform(s.geom, 4326)) AS routed_on_the_row
   FROM feature_outbox.outbox o JOIN public.sites s ON s.id = o.feature_id
  WHERE o.event_type = 'snapshot' ORDER BY o.feature_id;

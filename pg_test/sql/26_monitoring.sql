@@ -31,7 +31,8 @@ SELECT (SELECT array_agg(column_name::text ORDER BY ordinal_position) FROM infor
          WHERE table_schema = 'feature_outbox' AND table_name = 'backlog')
        = (SELECT array_agg(column_name::text ORDER BY ordinal_position) FROM information_schema.columns
            WHERE table_schema = 'feature_outbox' AND table_name = 'backlog_by_layer'
-             AND column_name NOT IN ('layer', 'drifted_rows', 'drift_checked_at', 'held_since', 'held_reason'))
+             AND column_name NOT IN ('layer', 'drifted_rows', 'drift_checked_at', 'held_since', 'held_reason',
+                                     'capture_lag_bytes', 'capture_lag_seconds'))
        AS by_layer_has_the_backlog_columns;
 
 -- backlog_by_cell: per layer and parent cell; resolutions finer than the keys' (8) or out of range refused.

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::classify::LayerTable;
@@ -25,6 +26,8 @@ pub struct Look {
     pub layers: HashMap<u32, LayerTable>,
     pub outbox: u32,
     pub slot: SlotState,
+    /// WAL from the slot's restart position to the flushed end: what each read decodes again.
+    pub retained: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -41,7 +44,7 @@ pub fn look() -> Result<Look, pgrx::spi::Error> {
             .select("SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'feature_outbox')", None, &[])?
             .first()
             .get_one::<String>()?;
-        let mut look = Look { extension: extension.is_some(), layers: HashMap::new(), outbox: 0, slot: SlotState::Missing };
+        let mut look = Look { extension: extension.is_some(), layers: HashMap::new(), outbox: 0, slot: SlotState::Missing, retained: 0 };
         if !look.extension {
             return Ok(look);
         }
@@ -59,10 +62,17 @@ pub fn look() -> Result<Look, pgrx::spi::Error> {
             .first()
             .get_one::<i64>()?
             .unwrap_or(0) as u32;
-        let status = client
-            .select("SELECT (SELECT coalesce(s.wal_status, '') FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1)", None, &[name().into()])?
+        let row = client
+            .select(
+                "SELECT coalesce(s.wal_status, ''), pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_flush_lsn(), s.restart_lsn)::bigint
+                   FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = $1",
+                None,
+                &[name().into()],
+            )?
             .first()
-            .get_one::<String>()?;
+            .get_two::<String, i64>()?;
+        let (status, retained) = row;
+        look.retained = retained.unwrap_or(0).max(0) as u64;
         look.slot = match status.as_deref() {
             None => SlotState::Missing,
             Some("lost") => SlotState::Lost,
@@ -157,6 +167,13 @@ pub fn drop_all(extension: bool) -> Result<bool, pgrx::spi::Error> {
 /// The advisory lock (two int4 keys) capture_layer and uncapture_layer hold while they change
 /// what is captured (sql/capture.sql).
 const CAPTURE_LOCK: &str = "1179601241, 1129338964";
+
+/// Writes a running-transactions record now, as the background writer does every 15 s. A read of
+/// the slot decodes again from its restart position, which moves only at such a record: under a
+/// heavy write load 15 s of WAL were decoded at every read (20 % of a core at 35 MB/s of WAL).
+pub fn log_snapshot() {
+    unsafe { pg_sys::LogStandbySnapshot() };
+}
 
 /// Each read or advance of the slot starts a decoding session, which PostgreSQL logs in four LOG
 /// lines: ten a second would flood the server log. For this transaction only, the server logs

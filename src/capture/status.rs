@@ -54,3 +54,18 @@ fn _capture_status() -> TableIterator<
     };
     TableIterator::new(std::iter::once(row))
 }
+
+/// capture_layer and uncapture_layer COMMIT inside: in a transaction block they cannot, and say so
+/// before they change anything (25001) rather than with PostgreSQL's "invalid transaction
+/// termination" after.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _capture_outside_transaction(procedure: &str) {
+    if unsafe { pg_sys::IsTransactionBlock() } {
+        ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+            format!("{procedure} cannot run inside a transaction block"),
+            "It commits a publication before it creates the replication slot. CALL it on its own."
+        );
+    }
+}

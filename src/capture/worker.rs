@@ -23,6 +23,10 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Messages per read. PostgreSQL stops only at a commit, so one large transaction is read whole
 /// (its rows' keys only: the publication lists the key columns).
 const CHUNK_MESSAGES: i32 = 2000;
+/// Past this much WAL between the slot's restart position and the flushed end, the worker writes a
+/// running-transactions record (at most five a second), so that each read decodes less again.
+const RETAINED_SNAPSHOT: u64 = 4 << 20;
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
 /// Rows per transaction of the worker: each is locked until it commits, so an editor of one of
 /// them waits at most about this many rows' work.
 const ROWS_PER_TRANSACTION: usize = 500;
@@ -39,6 +43,10 @@ pub extern "C-unwind" fn feature_outbox_capture_main(arg: pg_sys::Datum) {
                 d.capture.pid = unsafe { pg_sys::MyProcPid };
                 d.capture.latch = unsafe { pg_sys::MyLatch } as usize;
                 d.capture.state = "starting";
+                // Lag counts from the first start after a server start: restarts keep it.
+                if d.capture.caught_up_at == 0 {
+                    d.capture.caught_up_at = now();
+                }
                 true
             }
             Some(d) => {
@@ -93,6 +101,10 @@ struct Worker {
     bound: bool,
     /// The end of the last decoded transaction whose events committed (the origin's position).
     written_to: u64,
+    /// Where the slot was last advanced to: with no WAL flushed since, there is nothing to read.
+    advanced_to: u64,
+    /// When it last wrote a running-transactions record (slot::log_snapshot).
+    snapshot_at: Option<std::time::Instant>,
     classifier: Classifier,
     /// The last error logged, so that a repeating one is logged once.
     logged: Option<String>,
@@ -181,6 +193,13 @@ impl Worker {
                 ));
             }
         }
+        if look.retained > RETAINED_SNAPSHOT && self.snapshot_at.is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY) {
+            transaction(|| {
+                slot::log_snapshot();
+                Ok(())
+            })?;
+            self.snapshot_at = Some(std::time::Instant::now());
+        }
         if !self.bound {
             self.written_to = transaction(|| {
                 slot::origin_session()?;
@@ -191,6 +210,9 @@ impl Worker {
         update(|c| c.state = "reading");
         let (upto, messages) = transaction(|| {
             let upto = slot::flushed()?;
+            if upto == self.advanced_to {
+                return Ok((upto, Vec::new())); // no WAL since: an idle database costs no decoding
+            }
             Ok((upto, slot::peek(upto, CHUNK_MESSAGES)?))
         })?;
         let partial = messages.len() >= CHUNK_MESSAGES as usize;
@@ -216,8 +238,9 @@ impl Worker {
             update(|c| c.state = "writing");
             self.write(fresh)?;
         }
-        if consumed_to > 0 {
+        if consumed_to > 0 && consumed_to != self.advanced_to {
             transaction(|| slot::advance(consumed_to))?;
+            self.advanced_to = consumed_to;
         }
         update(|c| {
             c.state = "idle";
@@ -281,6 +304,7 @@ impl Worker {
         })?;
         if let Some((lsn, _)) = done {
             self.written_to = self.written_to.max(lsn);
+            crate::relay::fault_points::crash_if_capture_requested();
         }
         update(|c| {
             c.events += counts[0];

@@ -21,6 +21,7 @@ use pgrx::prelude::*;
 
 use pgrx::pg_sys::panic::ErrorReport;
 
+use crate::event_origin::{self, Origin};
 use crate::plans::prepared;
 use crate::roles::{self, As, Calling};
 
@@ -59,6 +60,9 @@ pub struct Entry {
     pub returns: Returns,
     /// Its number of arguments (of `signature`).
     pub nargs: usize,
+    /// The origin its body's events get (src/event_origin.rs); None: the caller's, so that an
+    /// entry point called by the capture worker writes `captured` events.
+    pub origin: Option<Origin>,
 }
 
 /// The number of arguments of a signature `name(type, ...)`.
@@ -79,14 +83,31 @@ const fn arity(signature: &str) -> usize {
 
 const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
 
+/// An entry point's origin: `@ Resync` after its return type, else None.
+macro_rules! origin {
+    () => {
+        None
+    };
+    ($origin:ident) => {
+        Some(Origin::$origin)
+    };
+}
+
 /// Declares each entry point: its finfo and C symbol, and its row of `ENTRIES`, from one line.
 macro_rules! entry_points {
-    ($($finfo:ident $symbol:ident $signature:literal -> $returns:ident: $body:literal;)*) => {
+    ($($finfo:ident $symbol:ident $signature:literal -> $returns:ident $(@ $origin:ident)?: $body:literal;)*) => {
         /// Every C entry point of the current SQL (sql/*.sql), with what it runs. Read by the test
         /// that holds the catalog to it.
         #[allow(dead_code)]
         pub const ENTRIES: &[Entry] = &[$(
-            Entry { symbol: stringify!($symbol), signature: $signature, body: $body, returns: Returns::$returns, nargs: arity($signature) },
+            Entry {
+                symbol: stringify!($symbol),
+                signature: $signature,
+                body: $body,
+                returns: Returns::$returns,
+                nargs: arity($signature),
+                origin: origin!($($origin)?),
+            },
         )*];
         $(
             #[unsafe(no_mangle)]
@@ -104,6 +125,7 @@ macro_rules! entry_points {
                     body: $body,
                     returns: Returns::$returns,
                     nargs: arity($signature),
+                    origin: origin!($($origin)?),
                 };
                 unsafe { run(fcinfo, &ENTRY) }
             }
@@ -112,7 +134,8 @@ macro_rules! entry_points {
 }
 
 // A layer keyed by uuid or text goes through _edit_key and _record_edit_key, which find the
-// feature's number for its key. The GeoJSON forms hand _edit the parsed EWKB.
+// feature's number for its key. The GeoJSON forms hand _edit the parsed EWKB. `@ Resync`: the
+// events its body writes say so (src/event_origin.rs).
 entry_points! {
     pg_finfo_feature_outbox_edit_geojson feature_outbox_edit_geojson
         "edit_feature(text, bigint, text, text, jsonb)" -> Integer:
@@ -157,7 +180,7 @@ entry_points! {
         "_drift_chunk(text, integer, text, integer, bigint)" -> Texts:
         "SELECT feature_outbox.__drift_chunk($1, $2, $3, $4, $5)";
     pg_finfo_feature_outbox_resync_chunk feature_outbox_resync_chunk
-        "_resync_chunk(text, integer, text, integer, integer, bigint)" -> Texts:
+        "_resync_chunk(text, integer, text, integer, integer, bigint)" -> Texts @ Resync:
         "SELECT feature_outbox.__resync_chunk($1, $2, $3, $4, $5, $6)";
     pg_finfo_feature_outbox_capture_rows feature_outbox_capture_rows
         "_capture_rows(text, text[])" -> Bigints:
@@ -178,7 +201,10 @@ unsafe fn run(fcinfo: pg_sys::FunctionCallInfo, entry: &Entry) -> pg_sys::Datum 
             .set_hint("Update the extension: ALTER EXTENSION feature_outbox UPDATE.")
             .report(PgLogLevel::ERROR);
         }
-        call(fcinfo, entry.body, &declared, entry.returns)
+        match entry.origin {
+            Some(origin) => event_origin::with(origin, || call(fcinfo, entry.body, &declared, entry.returns)),
+            None => call(fcinfo, entry.body, &declared, entry.returns),
+        }
     }
 }
 
@@ -338,7 +364,8 @@ mod tests {
     }
 
     /// The dispatch table against the catalog, both ways: every C function of the schema that
-    /// pgrx did not declare, and every edit_feature and record_edit overload, is an entry point
+    /// pgrx did not declare (but _event_origin, a column default that runs no body), and every
+    /// edit_feature and record_edit overload, is an entry point
     /// bound to the symbol its entry names; every entry has its SQL function, declared with the
     /// entry's return type; and each body prepares with the function's argument types and returns
     /// that type. The built-in layer's two edit_feature forms are PL/pgSQL, calling _edit.
@@ -357,7 +384,8 @@ mod tests {
                             ARRAY(SELECT a.t FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY a(t, n) ORDER BY a.n)
                        FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
                       WHERE p.pronamespace = 'feature_outbox'::regnamespace
-                        AND ((l.lanname = 'c' AND p.prosrc NOT LIKE '%\\_wrapper') OR p.proname IN ('edit_feature', 'record_edit'))",
+                        AND ((l.lanname = 'c' AND p.prosrc NOT LIKE '%\\_wrapper' AND p.prosrc <> 'feature_outbox_event_origin')
+                             OR p.proname IN ('edit_feature', 'record_edit'))",
                     None,
                     &[],
                 )

@@ -36,7 +36,7 @@ use crate::subxact;
 const COLUMNS: &str = "o.id, o.event_id::text AS event_id, o.feature_id, o.feature_version, o.event_type, o.routing_key,
        o.previous_routing_key,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS occurred_at,
-       o.row_failures, o.layer, o.previous_bbox, o.feature_key, o.traceparent, o.tracestate";
+       o.row_failures, o.layer, o.previous_bbox, o.feature_key, o.traceparent, o.tracestate, o.origin";
 const CLAIMABLE: &str = "
   FROM feature_outbox.outbox o
  WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.id >= $2
@@ -203,8 +203,9 @@ pub fn claim(client: &mut SpiClient<'_>, request: &Request<'_>, ahead_of: Option
             read_error: None,
             traceparent: get_s(13)?,
             tracestate: get_s(14)?,
+            origin: get_s(15)?.unwrap_or_default(),
         });
-        claimed.before.push(r.get::<i64>(15)?);
+        claimed.before.push(r.get::<i64>(16)?);
     }
     Ok(claimed)
 }

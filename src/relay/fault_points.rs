@@ -26,6 +26,13 @@ mod enabled {
         RELAY.exclusive().crash_after_next_tiles = true;
     }
 
+    /// The next capture transaction that completes a decoded one exits after its commit and
+    /// before the slot is advanced (src/capture/worker.rs): the chunk is read again.
+    #[pg_extern(sql = false)]
+    fn _test_crash_after_next_capture() {
+        RELAY.exclusive().crash_after_next_capture = true;
+    }
+
     /// The worker's fresh claim, run in the caller's transaction: the ids of the outbox rows it
     /// claims (locked FOR UPDATE until the transaction ends) and keeps under the ordering rule,
     /// for every feature (one worker's partition of one), at most `batch_size`. The same code the
@@ -73,3 +80,16 @@ pub fn crash_if_tiles_requested() {
 
 #[cfg(not(feature = "fault-injection"))]
 pub fn crash_if_tiles_requested() {}
+
+/// Exits after a capture transaction committed and before the slot is advanced, when a test asked.
+#[cfg(feature = "fault-injection")]
+pub fn crash_if_capture_requested() {
+    let requested = std::mem::take(&mut crate::relay_state::RELAY.exclusive().crash_after_next_capture);
+    if requested {
+        pgrx::log!("feature_outbox capture: fault injection: exiting after writing events, before advancing the slot");
+        super::exit_process(1);
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn crash_if_capture_requested() {}

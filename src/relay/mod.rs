@@ -28,7 +28,7 @@ mod connection;
 mod error;
 mod expire;
 mod expire_math;
-mod fault_points;
+pub(crate) mod fault_points;
 mod housekeeping;
 mod low_water;
 mod mark;

@@ -232,6 +232,10 @@ impl HttpSink {
             .header("webhook-timestamp", timestamp.to_string())
             .header(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(&self.source.database))
             .header(cloudevents::DATABASE_ID_HEADER, &self.source.database_id);
+        // Like the trace context below, one origin for the request only when its events share it.
+        if request.rows.iter().all(|&i| rows[i].origin == first.origin) {
+            request_builder = request_builder.header(cloudevents::ORIGIN_HEADER, &first.origin);
+        }
         // A batch has one trace context when its events share it; under cloudevents each event
         // carries its own as attributes.
         let shared_trace = || request.rows.iter().all(|&i| rows[i].traceparent == first.traceparent && rows[i].tracestate == first.tracestate);

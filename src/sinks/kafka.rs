@@ -365,6 +365,7 @@ impl KafkaSink {
             ("Feature-Layer".into(), row.layer.clone()),
             ("Feature-Id".into(), row.key()),
             ("Feature-Version".into(), row.feature_version.to_string()),
+            (cloudevents::ORIGIN_HEADER.into(), row.origin.clone()),
             ("Routing-Key".into(), row.routing_key.clone()),
             (cloudevents::DATABASE_HEADER.into(), cloudevents::database_header_value(&self.source.database)),
             (cloudevents::DATABASE_ID_HEADER.into(), self.source.database_id.clone()),

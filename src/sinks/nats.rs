@@ -575,6 +575,7 @@ fn headers(envelope: Envelope, source: &Source, prefix: &str, row: &Row, message
     let mut h = HeaderMap::new();
     h.insert("Feature-Id", row.key().as_str());
     h.insert("Feature-Version", row.feature_version.to_string().as_str());
+    h.insert(cloudevents::ORIGIN_HEADER, row.origin.as_str());
     h.insert(cloudevents::DATABASE_HEADER, cloudevents::database_header_value(&source.database).as_str());
     h.insert(cloudevents::DATABASE_ID_HEADER, source.database_id.as_str());
     if let Some(prev) = &row.previous_routing_key {
