@@ -1,9 +1,11 @@
 """Capture fault drills (issue 49): one plain UPDATE of every row of a captured layer, which the
 capture worker decodes and turns into events in chunks, and in the middle of it (21) the worker
-SIGKILLed, again and again, or (22) the postmaster and every process it started SIGKILLed at once,
-then started. Durable commits (fsync and synchronous_commit on). Afterwards each changed row must
-have exactly one captured `moved` event, for its final state (version 2, the key of its committed
-geometry), in the outbox and in the stream:
+SIGKILLed, again and again, then stopped by the test builds' fault point right after the events of
+the whole UPDATE committed and before the slot advanced (the re-read must write nothing), or (22)
+the postmaster and every process it started SIGKILLed at once, then started. Durable commits
+(fsync and synchronous_commit on). Afterwards each changed row must have exactly one captured
+`moved` event, for its final state (version 2, the key of its committed geometry), in the outbox
+and in the stream:
 
     committed   rows the UPDATE changed
     delivered   of those, rows whose moved event the stream holds
@@ -67,8 +69,11 @@ def capture_drill(name: str, label: str, fault, short: bool, nats_version: str) 
             wait_for(lambda: fenced() >= 1, 120, "the fence's event")
         capture_s = time.time() - t
         drain_s = drain(c, recovered, 300)
-        return tally_capture(f"{label} ({note.split(';')[0]})", c, n, read_stream([server.url]), drain_s,
-                             f"{note}; {n:,} rows seeded in {seed_s:.1f} s, the UPDATE captured in {capture_s:.1f} s")
+        row = tally_capture(f"{label} ({note.split(';')[0]})", c, n, read_stream([server.url]), drain_s,
+                            f"{note}; {n:,} rows seeded in {seed_s:.1f} s, the UPDATE captured in {capture_s:.1f} s")
+        if "fault point" in note:
+            row.checks["the fault point stopped the worker before the slot advanced"] = FAULT_LOG in c.log()
+        return row
     finally:
         c.stop()
         server.stop()
@@ -93,35 +98,45 @@ def tally_capture(label: str, c, n: int, deliveries: list[tuple[str, dict]], dra
     row = Row(label, len(final), len(in_stream & set(final)), sum(counts.values()) - len(counts), len(lost), invented,
               drain_s, note=note, lost_ids=lost, invented_ids=wrong)
     row.checks = {
-        "the fault landed mid-capture": "mid-capture" in note,
+        "the fault landed mid-capture": "; mid-capture" in note,
         f"all {n:,} rows at version 2": versions == Counter({(2,): n}),
         "every event captured (origin)": not any(o != "captured" for *_, o in events),
     }
     return row
 
 
+FAULT_POINT = """CREATE OR REPLACE FUNCTION public._test_crash_after_next_capture() RETURNS void
+                 LANGUAGE c VOLATILE AS 'feature_outbox', '_test_crash_after_next_capture_wrapper'"""
+FAULT_LOG = "fault injection: exiting after writing events, before advancing the slot"
+
+
 def kill_worker_mid_capture(c, n: int, short: bool) -> str:
-    """SIGKILL of the capture worker `times` over, each while the moved events are part written,
-    each once the worker runs again; the first at once if the first chunk is still being read."""
+    """SIGKILL of the capture worker `times` over, each while the moved events are part written and
+    once the worker runs again: the first at once (the chunk is being read), each next one after
+    another chunk committed. Then the fault point: the worker exits after the transaction that
+    completes the UPDATE's events commits, before it advances the slot."""
     times = 2 if short else 5
     seen = []
     for i in range(times):
-        pids = wait_for(lambda: capture_pids(c, DB), 60, "the capture worker to run")
+        wait_for(lambda: capture_pids(c, DB), 60, "the capture worker to run")
         done = moved_done(c)
+        if i:
+            wait_for(lambda: moved_done(c) > done, 120, "the next chunk", interval=0.02)
+            done = moved_done(c)
         if done >= n:
             break
-        if i:  # after the first kill: wait for the next chunk to commit, so each kill finds a later one
-            wait_for(lambda: moved_done(c) > done or moved_done(c) >= n, 120, "the next chunk", interval=0.02)
-            done = moved_done(c)
-            if done >= n:
-                break
-        for pid in capture_pids(c, DB) or pids:
+        for pid in capture_pids(c, DB):
             os.kill(pid, signal.SIGKILL)
         seen.append(done)
         time.sleep(0.3)
-    mid = [d for d in seen if d < n]
-    return (f"capture worker killed x{len(seen)} (kill -9) at {', '.join(f'{d:,}' for d in seen)} of {n:,} events"
-            + ("; mid-capture" if mid else "; the capture had finished before any kill"))
+    with c.connect(DB) as conn:
+        wait_for(lambda: capture_pids(c, DB), 60, "the capture worker to run")
+        conn.execute(FAULT_POINT)
+        armed_at = moved_done(c)
+        conn.execute("SELECT public._test_crash_after_next_capture()")
+    mid = any(0 < d < n for d in seen) and armed_at < n
+    return (f"capture worker killed x{len(seen)} (kill -9) at {', '.join(f'{d:,}' for d in seen)} of {n:,} events, "
+            f"then the fault point armed at {armed_at:,}" + ("; mid-capture" if mid else "; no kill landed mid-capture"))
 
 
 def crash_mid_capture(c, n: int, short: bool) -> str:
@@ -131,12 +146,12 @@ def crash_mid_capture(c, n: int, short: bool) -> str:
     kill_tree(c)
     pg_ctl(c, "-l", c.dir / "server.log", "-w", "start")
     return (f"postmaster tree killed (kill -9) at {done:,} of {n:,} events, then started"
-            + ("; mid-capture" if done < n else "; the capture had finished before the crash"))
+            + ("; mid-capture" if done < n else "; no crash landed mid-capture"))
 
 
 def capture_worker_kill(short: bool, nats_version: str = "debian") -> Row:
-    return capture_drill("capture_kill", "21. capture: bulk UPDATE, capture worker killed mid-chunk", kill_worker_mid_capture,
-                         short, nats_version)
+    return capture_drill("capture_kill", "21. capture: bulk UPDATE, capture worker killed mid-chunk, then stopped before "
+                         "the slot advanced", kill_worker_mid_capture, short, nats_version)
 
 
 def capture_postmaster_crash(short: bool, nats_version: str = "debian") -> Row:
