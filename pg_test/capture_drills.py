@@ -129,8 +129,8 @@ def kill_worker_mid_capture(c, n: int, short: bool) -> str:
             os.kill(pid, signal.SIGKILL)
         seen.append(done)
         time.sleep(0.3)
+    wait_for(lambda: capture_pids(c, DB), 60, "the capture worker to run")  # and so the server, out of recovery
     with c.connect(DB) as conn:
-        wait_for(lambda: capture_pids(c, DB), 60, "the capture worker to run")
         conn.execute(FAULT_POINT)
         armed_at = moved_done(c)
         conn.execute("SELECT public._test_crash_after_next_capture()")
