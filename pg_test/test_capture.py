@@ -398,7 +398,7 @@ def test_a_table_without_a_key_is_refused_by_name(bad):
     which a unique index gives only once the table says so."""
     lay = Layer("nokey").create(bad, capture=False, key="NOT NULL UNIQUE")
     state, message, hint = fails(bad, "CALL feature_outbox.capture_layer('nokey')")
-    assert state is not None and "nokey" in message, (state, message, hint)
+    assert state == "55000" and "nokey" in message and "id" in hint, (state, message, hint)
     assert capture_state(bad, lay.table) == NOTHING
     bad.execute("ALTER TABLE public.nokey REPLICA IDENTITY USING INDEX nokey_id_key")
     bad.execute("CALL feature_outbox.capture_layer('nokey')")
@@ -427,7 +427,7 @@ def test_a_slot_another_tool_owns_is_refused_and_kept(bad):
     slot = slot_name(bad)
     bad.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
     state, message, hint = fails(bad, "CALL feature_outbox.capture_layer('taken')")
-    assert state is not None and slot in message, (state, message, hint)
+    assert state == "42710" and slot in message, (state, message, hint)
     assert capture_state(bad, lay.table) == {"slots": [(slot, "test_decoding")], "published": False, "layers": []}
     bad.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     bad.execute("CALL feature_outbox.capture_layer('taken')")
