@@ -56,15 +56,16 @@ def pair():
                      "version integer NOT NULL DEFAULT 0, owner text)")
         conn.execute("SELECT feature_outbox.register_layer('plots', 'plots', properties => '{owner}')")
     version = one(primary, "SELECT current_setting('server_version_num')::int")
-    if version >= 170000:
-        # PostgreSQL's recipe for failover slots: the logical slot may not run ahead of the standby,
-        # which syncs it over a connection naming a database.
-        with primary.connect(DB) as conn:
-            conn.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{SLOT}'")
-            conn.execute("SELECT pg_reload_conf()")
     standby = make_standby(primary, RUN_DIR / "capfail-standby", slot=SLOT, name=SLOT)
     made.append(standby)
     if version >= 170000:
+        # PostgreSQL's recipe for failover slots: the logical slot may not run ahead of the standby,
+        # which syncs it over a connection naming a database. Set after the base backup: a promoted
+        # standby that named its own missing slot there would hold every logical read (the wait
+        # event WaitForStandbyConfirmation), as an HA manager that forgets to update it would.
+        with primary.connect(DB) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{SLOT}'")
+            conn.execute("SELECT pg_reload_conf()")
         with open(standby.dir / "data" / "postgresql.auto.conf", "a") as conf:
             conf.write(f"\nsync_replication_slots = on\nhot_standby_feedback = on\n"
                        f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres dbname={DB}'\n")
@@ -90,7 +91,9 @@ def test_capture_goes_on_after_a_promotion(pair):
             conn.execute("INSERT INTO plots (id, geom, owner) VALUES (%s, %s, 'a')", (i, square(i)))
     wait_for(lambda: len(captured(primary)) == 20, what="the first 20 rows captured on the primary")
     if version >= 170000:
-        wait_for(lambda: rows(standby, "SELECT synced FROM pg_replication_slots WHERE slot_name = %s", slot) == [(True,)],
+        # Synced and persistent ("sync-ready"): a synced slot still temporary is dropped at promotion.
+        wait_for(lambda: rows(standby, "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = %s",
+                              slot) == [(True,)],
                  timeout=60, what="the capture slot synced to the standby")
     # Plain writes, then the primary lost before its worker is sure to have seen them all.
     with primary.connect(DB) as conn:
@@ -109,7 +112,13 @@ def test_capture_goes_on_after_a_promotion(pair):
     def complete():
         events = captured(standby)
         return len(events) == 40 and all(len(events[i]) == (2 if i <= 10 else 1) for i in events)
-    wait_for(complete, timeout=60, what="every plain write captured once on the promoted standby")
+    try:
+        wait_for(complete, timeout=60, what="every plain write captured once on the promoted standby")
+    except AssertionError:
+        state = rows(standby, "SELECT state, pid, lag_bytes, events, last_error FROM feature_outbox.capture")
+        waits = rows(standby, "SELECT wait_event FROM pg_stat_activity WHERE backend_type = 'feature_outbox capture'")
+        slots = rows(standby, "SELECT slot_name, synced, temporary, confirmed_flush_lsn::text FROM pg_replication_slots")
+        raise AssertionError(f"capture {state}, waiting on {waits}, slots {slots}, events {captured(standby)}")
     time.sleep(1)  # a second look: nothing more comes
     events = captured(standby)
     for i in range(1, 41):
