@@ -75,8 +75,10 @@ def capture_drill(name: str, label: str, fault, short: bool, nats_version: str) 
             row.checks["the fault point stopped the worker before the slot advanced"] = FAULT_LOG in c.log()
         return row
     finally:
-        c.stop()
-        server.stop()
+        try:
+            c.stop()
+        finally:
+            server.stop()
 
 
 def tally_capture(label: str, c, n: int, deliveries: list[tuple[str, dict]], drain_s: float, note: str) -> Row:
