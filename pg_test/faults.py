@@ -33,6 +33,7 @@ from tile_drills import tiles_postmaster_crash, tiles_worker_kill  # noqa: E402
 from kafka_drills import kafka_broker_kill, kafka_order, kafka_unreachable, kafka_worker_kill  # noqa: E402
 from tile_cache_drills import tile_cache_faults  # noqa: E402
 from sink_drills import kafka_hang, nats_hang  # noqa: E402
+from capture_drills import capture_postmaster_crash, capture_worker_kill  # noqa: E402
 
 
 def settle(c: Cluster, editors: Editors, recovered: float, seconds: float = 2.0):
@@ -494,6 +495,8 @@ DRILLS = {
     "tile_cache_faults": tile_cache_faults,
     "nats_hang": nats_hang,
     "kafka_hang": kafka_hang,
+    "capture_worker_kill": capture_worker_kill,
+    "capture_postmaster_crash": capture_postmaster_crash,
 }
 NATS_DRILLS = {"worker_kill", "jetstream_cluster", "nats_outage", "stream_deleted"}
 
