@@ -60,6 +60,10 @@ BEGIN
         RAISE EXCEPTION 'the built-in layer features is not captured' USING ERRCODE = '0A000',
             HINT = 'Only edit_feature writes feature_outbox.features (and a superuser); capture serves user layers.';
     END IF;
+    IF NOT _relay_preloaded() THEN
+        RAISE EXCEPTION 'capture needs feature_outbox in shared_preload_libraries' USING ERRCODE = '55000',
+            HINT = 'Its worker reads the slot: add feature_outbox to shared_preload_libraries and restart the server.';
+    END IF;
     IF current_setting('wal_level') <> 'logical' THEN
         RAISE EXCEPTION 'capture needs wal_level = logical, not %', current_setting('wal_level') USING ERRCODE = '55000',
             HINT = 'ALTER SYSTEM SET wal_level = logical, then restart the server: the setting takes effect only at start.';

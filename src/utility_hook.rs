@@ -137,6 +137,13 @@ unsafe extern "C-unwind" fn process_utility(
     {
         pause(name, command);
     }
+    // A running capture worker drops its slot itself once the extension is gone; without one, the
+    // slot would keep WAL for ever.
+    if matches!(effect, Some(Effect::ExtensionDropped))
+        && RELAY.share().database(this_database()).is_none_or(|d| d.capture.pid == 0)
+    {
+        crate::capture::slot::drop_with_extension(this_database());
+    }
     unsafe {
         match PREVIOUS {
             // Guarded: an ERROR in another library's hook (or below it) comes back as a Rust panic.

@@ -183,6 +183,26 @@ fn quiet_decoding() -> Result<(), pgrx::spi::Error> {
     Spi::run("SELECT pg_catalog.set_config('log_min_messages', 'fatal', true)")
 }
 
+/// DROP EXTENSION with no capture worker to clean up after it (none running): the slot, the origin
+/// and the publications go in the DROP's own transaction (the slot at once: PostgreSQL drops slots
+/// outside transactions). Through the C functions, which ask for no privilege the extension's
+/// owner may lack. A failure is a WARNING, in a subtransaction of its own: the DROP goes on.
+pub fn drop_with_extension(database: u32) {
+    let name = std::ffi::CString::new(format!("feature_outbox_capture_{database}")).expect("no NUL");
+    let dropped = crate::subxact::run(|| unsafe {
+        if !pg_sys::SearchNamedReplicationSlot(name.as_ptr(), true).is_null() {
+            pg_sys::ReplicationSlotDrop(name.as_ptr(), true);
+        }
+        pg_sys::replorigin_drop_by_name(name.as_ptr(), true, true);
+        Spi::run("DROP PUBLICATION IF EXISTS feature_outbox_capture, feature_outbox_capture_edits")
+    });
+    match dropped {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warning!("feature_outbox: capture's publications were not dropped: {e}"),
+        Err(e) => warning!("feature_outbox: capture's slot {} was not dropped: {}", name.to_string_lossy(), e.message),
+    }
+}
+
 /// `lsn` as PostgreSQL writes a pg_lsn.
 fn lsn_text(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
