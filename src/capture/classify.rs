@@ -1,6 +1,7 @@
 //! Which rows a decoded transaction changed, and which of those need an event: pure, on pgoutput's
 //! messages (pgoutput.rs). A row change is skipped when the same transaction wrote the outbox row
-//! of that feature (edit_feature or record_edit recorded it: the application's edit), and a whole
+//! of that feature after it (edit_feature or record_edit recorded it: the application's edit; a
+//! plain write after the edit is looked at, or a move after an edit would go unannounced), and a whole
 //! transaction is skipped when it carries the capture worker's own replication origin (its version
 //! bumps). Which event a kept change becomes is decided later, against the feature's last event
 //! (sql/capture.sql, __repair_row): a change decoded here only names the row.
@@ -49,12 +50,13 @@ pub struct Classifier {
     current: Option<Open>,
 }
 
-/// The transaction being read: its row changes so far, and the features its outbox rows name.
+/// The transaction being read: its row changes so far, and the features its outbox rows name,
+/// each with how many row changes came before its last outbox row (the changes that row covers).
 #[derive(Default)]
 struct Open {
     own: bool,
     changes: Vec<(String, String)>,
-    recorded: HashSet<(String, String)>,
+    recorded: HashMap<(String, String), usize>,
     truncated: Vec<String>,
 }
 
@@ -78,7 +80,9 @@ impl Classifier {
             Message::Insert { relation, new } => {
                 if relation == tables.outbox {
                     let recorded = self.outbox_feature(relation, &new)?;
-                    self.open()?.recorded.extend(recorded);
+                    let open = self.open()?;
+                    let covered = open.changes.len();
+                    open.recorded.extend(recorded.map(|feature| (feature, covered)));
                 } else {
                     self.change(relation, &new, tables)?;
                 }
@@ -161,8 +165,8 @@ impl Open {
         let mut committed = Committed { end_lsn, commit_time_us, truncated: self.truncated, ..Default::default() };
         let mut seen = HashSet::new();
         let mut by_layer: HashMap<String, usize> = HashMap::new();
-        for (layer, key) in self.changes {
-            if self.recorded.contains(&(layer.clone(), key.clone())) {
+        for (at, (layer, key)) in self.changes.into_iter().enumerate() {
+            if self.recorded.get(&(layer.clone(), key.clone())).is_some_and(|&covered| at < covered) {
                 committed.skipped += 1;
                 continue;
             }
@@ -263,6 +267,20 @@ mod tests {
         let out = run(m);
         assert_eq!(out[0].rows, vec![("parcels".to_string(), vec!["2".to_string()])]);
         assert_eq!(out[0].skipped, 2);
+    }
+
+    #[test]
+    fn a_plain_write_after_the_applications_edit_in_its_transaction_is_kept() {
+        let mut m = vec![begin()];
+        m.extend(described());
+        m.push(Message::Update { relation: PARCELS, old: None, new: text(&[Some("1")]) });
+        m.push(Message::Insert { relation: OUTBOX, new: text(&[Some("77"), Some("1"), Some("parcels"), None]) });
+        // BEGIN; SELECT edit_feature(...1...); UPDATE parcels SET geom = ... WHERE id = 1; COMMIT
+        m.push(Message::Update { relation: PARCELS, old: None, new: text(&[Some("1")]) });
+        m.push(commit(350));
+        let out = run(m);
+        assert_eq!(out[0].rows, vec![("parcels".to_string(), vec!["1".to_string()])]);
+        assert_eq!(out[0].skipped, 1);
     }
 
     #[test]
