@@ -86,7 +86,7 @@ BEGIN
     IF FOUND AND (slot.slot_type <> 'logical' OR slot.plugin <> 'pgoutput' OR slot.database <> current_database()) THEN
         RAISE EXCEPTION 'replication slot % exists and is not this extension''s', _capture_slot_name() USING ERRCODE = '42710',
             DETAIL = format('It is a %s slot%s.', slot.slot_type,
-                            coalesce(format(' of plugin %s on database %s', slot.plugin, slot.database), '')),
+                            CASE WHEN slot.slot_type = 'logical' THEN format(' of plugin %s on database %s', slot.plugin, slot.database) ELSE '' END),
             HINT = 'Drop it with pg_drop_replication_slot if nothing uses it; capture names its slot after the database''s OID.';
     END IF;
     IF lay.captured_at IS NOT NULL AND FOUND THEN
