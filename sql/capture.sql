@@ -74,7 +74,7 @@ BEGIN
     IF FOUND AND (slot.slot_type <> 'logical' OR slot.plugin <> 'pgoutput' OR slot.database <> current_database()) THEN
         RAISE EXCEPTION 'replication slot % exists and is not this extension''s', _capture_slot_name() USING ERRCODE = '42710',
             DETAIL = format('It is a %s slot%s.', slot.slot_type,
-                            coalesce(format(' of plugin %s on database %s', slot.plugin, slot.database), '')),
+                            CASE WHEN slot.slot_type = 'logical' THEN format(' of plugin %s on database %s', slot.plugin, slot.database) ELSE '' END),
             HINT = 'Drop it with pg_drop_replication_slot if nothing uses it; capture names its slot after the database''s OID.';
     END IF;
     IF lay.captured_at IS NOT NULL AND FOUND THEN
@@ -180,6 +180,11 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     created boolean := false;
+    failed boolean := false;
+    code text;
+    message text;
+    detail text;
+    hint text;
 BEGIN
     PERFORM feature_outbox._capture_outside_transaction('capture_layer');
     PERFORM feature_outbox._capture_publish(layer);
@@ -189,12 +194,38 @@ BEGIN
         PERFORM feature_outbox._capture_check(layer);
         created := feature_outbox._capture_create_slot();
         PERFORM feature_outbox._capture_mark(layer);
-    EXCEPTION WHEN OTHERS THEN
-        PERFORM feature_outbox._capture_unpublish(layer, created);
-        RAISE;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        -- A cancel too (statement_timeout while the slot waits for old transactions).
+        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, message = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL,
+                                hint = PG_EXCEPTION_HINT;
+        failed := true;
     END;
+    IF failed THEN
+        -- Committed before the error is raised again, which would roll the cleanup back with it:
+        -- step 1's publication entry must not outlive a failed capture.
+        PERFORM feature_outbox._capture_unpublish(layer, created);
+        COMMIT;
+        PERFORM feature_outbox._capture_raise(code, message, detail, hint);
+    END IF;
     COMMIT;
     PERFORM feature_outbox._capture_wake();
+END
+$$;
+
+-- An error caught by capture_layer, raised again as it was (without its context).
+CREATE OR REPLACE FUNCTION _capture_raise(code text, message text, detail text, hint text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(detail, '') <> '' AND coalesce(hint, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail, HINT = hint;
+    ELSIF coalesce(detail, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail;
+    ELSIF coalesce(hint, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, HINT = hint;
+    ELSE
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message;
+    END IF;
 END
 $$;
 COMMENT ON PROCEDURE capture_layer(text) IS
@@ -222,9 +253,12 @@ DECLARE
     lay layer_registry := _registered_layer(p_layer);
 BEGIN
     PERFORM pg_advisory_xact_lock(1179601241, 1129338964);
-    IF lay.captured_at IS NULL THEN
+    IF lay.captured_at IS NULL AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+                                                WHERE p.pubname = 'feature_outbox_capture' AND r.prrelid = lay.tbl) THEN
         RAISE EXCEPTION 'layer % is not captured', p_layer USING ERRCODE = '55000';
     END IF;
+    -- Not captured but still published: a capture_layer whose session ended while it waited for
+    -- the slot. Taken out of the publication, where it would still constrain the table's UPDATEs.
     UPDATE layer_registry l SET captured_at = NULL WHERE l.layer = p_layer;
     PERFORM _capture_unpublish(p_layer, true);
 END

@@ -184,6 +184,9 @@ COMMENT ON FUNCTION drift(text) IS
 -- the lock, as the extension's owner would see them with the caller's rights: key, geometry
 -- (HEXEWKB), digests, liveness (not retired) and version, in key order. p_skip: SKIP LOCKED (resync
 -- leaves a row an edit holds for later); else wait for the edit (capture must not lose the change).
+-- FOR NO KEY UPDATE, the lock an edit's UPDATE takes: FOR UPDATE also waited for the KEY SHARE lock
+-- of a foreign key's check (a long transaction inserting a row that references this one), and
+-- every editor of a row locked before it in the batch waited with it.
 -- A key without a row is absent from the result.
 CREATE OR REPLACE FUNCTION __lock_rows(lay layer_registry, p_keys text[], p_skip boolean,
                             OUT keys text[], OUT geoms text[], OUT gds uuid[], OUT pds uuid[], OUT lives boolean[],
@@ -195,7 +198,7 @@ BEGIN
            array_agg(x[5]::boolean), array_agg(x[6]::integer)
       INTO keys, geoms, gds, pds, lives, versions
       FROM _as_caller_rows(
-               format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR UPDATE OF t%8$s',
+               format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR NO KEY UPDATE OF t%8$s',
                       lay.id_column, lay.geometry_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
                       CASE WHEN lay.retired_column IS NULL THEN 'true' ELSE format('t.%I IS NULL', lay.retired_column) END,
                       lay.tbl, lay.version_column, _key_cast(lay.id_type), CASE WHEN p_skip THEN ' SKIP LOCKED' ELSE '' END),

@@ -47,6 +47,7 @@ REVOKE ALL ON FUNCTION _capture_rows(text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __capture_rows(text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _capture_truncated(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _capture_wake() FROM PUBLIC;
+REVOKE ALL ON FUNCTION _capture_raise(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __repair_row(layer_registry, text, bigint, boolean, text, uuid, uuid, boolean, integer, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __lock_rows(layer_registry, text[], boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_rows(layer_registry, integer, text, integer) FROM PUBLIC;
