@@ -45,6 +45,34 @@ BEGIN
 END
 $$;
 
+-- Whether a captured table's publication still covers its replica identity, as pgoutput needs for
+-- the table's UPDATE and DELETE to run (the DDL guard asks after each ALTER TABLE).
+CREATE OR REPLACE FUNCTION _capture_identity_published(lay layer_registry) RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    wanted name[];
+    listed name[];
+BEGIN
+    BEGIN
+        wanted := _capture_columns(lay);
+    EXCEPTION WHEN object_not_in_prerequisite_state THEN
+        RETURN false;  -- no identity that names the id column any more
+    END;
+    SELECT ARRAY(SELECT a.attname FROM unnest(r.prattrs::int2[]) k(attnum)
+                   JOIN pg_catalog.pg_attribute a ON a.attrelid = r.prrelid AND a.attnum = k.attnum)
+      INTO listed
+      FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+     WHERE p.pubname = 'feature_outbox_capture' AND r.prrelid = lay.tbl;
+    IF NOT FOUND THEN
+        RETURN true;  -- not published (yet): nothing to cover
+    END IF;
+    -- No column list publishes every column; FULL needs exactly that.
+    RETURN CASE WHEN wanted IS NULL THEN cardinality(listed) = 0
+                ELSE cardinality(listed) = 0 OR wanted <@ listed END;
+END
+$$;
+
 -- Everything capture_layer checks before it changes anything. p_layer must be registered, a user
 -- layer, not captured (unless its slot is gone: a restored copy, or a slot dropped by hand), and
 -- the server must run wal_level = logical. A slot of this database's name that is not pgoutput's on
@@ -67,6 +95,11 @@ BEGIN
     IF current_setting('wal_level') <> 'logical' THEN
         RAISE EXCEPTION 'capture needs wal_level = logical, not %', current_setting('wal_level') USING ERRCODE = '55000',
             HINT = 'ALTER SYSTEM SET wal_level = logical, then restart the server: the setting takes effect only at start.';
+    END IF;
+    IF _relay_workers_configured() = 0 THEN
+        RAISE EXCEPTION 'capture needs the relay to serve database %', current_database() USING ERRCODE = '55000',
+            DETAIL = 'The capture worker is started with the relay workers; none runs for this database.',
+            HINT = 'Name it in feature_outbox.database (or *) and set feature_outbox.relay_workers above 0.';
     END IF;
     PERFORM _capture_columns(lay);
     SELECT s.slot_type, s.plugin, s.database, s.active_pid INTO slot

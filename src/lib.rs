@@ -93,9 +93,9 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/capture.sql",
     name = "capture",
-    requires = ["drift", "layers", monitoring::_relay_preloaded, capture::status::_capture_wake, capture::status::_capture_status, capture::status::_capture_outside_transaction]
+    requires = ["drift", "layers", monitoring::_relay_preloaded, monitoring::_relay_workers_configured, capture::status::_capture_wake, capture::status::_capture_status, capture::status::_capture_outside_transaction]
 );
-extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
+extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", "capture", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);
 extension_sql_file!(
     "../sql/tiles.sql",
