@@ -268,6 +268,7 @@ def test_one_event_per_row_when_edits_and_plain_writes_share_a_transaction(captu
         before[fid] = check(db, sites, sub.wait("sites", fid, 1)[0], "created", None)
     edit34 = json.dumps({"type": "Polygon", "coordinates": [[[-81, 26], [-80.99, 26], [-80.99, 26.01], [-81, 26.01], [-81, 26]]]})
     edit33 = json.dumps({"type": "Polygon", "coordinates": [[[-60, 10], [-59.99, 10], [-59.99, 10.01], [-60, 10.01], [-60, 10]]]})
+    edit36 = json.dumps({"type": "Polygon", "coordinates": [[[-70, 20], [-69.99, 20], [-69.99, 20.01], [-70, 20.01], [-70, 20]]]})
     psql(capture, DB, stdin=f"""
         BEGIN;
         UPDATE public.sites SET kind = 'plain then record_edit' WHERE id = 31;
@@ -278,11 +279,20 @@ def test_one_event_per_row_when_edits_and_plain_writes_share_a_transaction(captu
         INSERT INTO public.sites (id, geom, name, kind) VALUES (35, '{square(-82.0, 27.0)}', 'plain insert', 'p');
         UPDATE public.sites SET name = 'plain, then edit_feature' WHERE id = 33;
         SELECT feature_outbox.edit_feature('sites', 33::bigint, '{edit33}', 'moved');
+        SELECT feature_outbox.edit_feature('sites', 36::bigint, '{edit36}', 'created', '{{"name": "Edit 36", "kind": "e"}}');
+        UPDATE public.sites SET geom = '{square(-83.0, 28.0)}' WHERE id = 36;
         COMMIT;""")
     settle(capture, DB, sub, sites)
-    got = {fid: sub.of("sites", fid) for fid in (31, 32, 33, 34, 35)}
-    assert {fid: len(ms) for fid, ms in got.items()} == {31: 2, 32: 2, 33: 2, 34: 1, 35: 1}, got
-    assert {fid: outbox_count(db, "sites", fid) for fid in got} == {31: 2, 32: 2, 33: 2, 34: 1, 35: 1}
+    # Row 36: created by edit_feature, then moved by a plain write in the same transaction: the
+    # edit's event and a captured moved, which carries the routing key the move gave it.
+    sub.wait("sites", 36, 2)
+    got = {fid: sub.of("sites", fid) for fid in (31, 32, 33, 34, 35, 36)}
+    assert {fid: len(ms) for fid, ms in got.items()} == {31: 2, 32: 2, 33: 2, 34: 1, 35: 1, 36: 2}, got
+    assert {fid: outbox_count(db, "sites", fid) for fid in got} == {31: 2, 32: 2, 33: 2, 34: 1, 35: 1, 36: 2}
+    assert got[36][0]["event"]["origin"] == "application" and got[36][0]["event"]["action"] == "created"
+    # The edit's event went out after the move, so its body shows the moved row (the relay reads the
+    # row as it publishes); what it recorded is its routing key and the box it wrote, edit36's.
+    check(db, sites, got[36][1], "moved", dict(got[36][0]["event"], bbox=[-70.0, 20.0, -69.99, 20.01]))
     check(db, sites, got[31][1], "updated", before[31], origin="application")
     check(db, sites, got[32][1], "updated", before[32])
     check(db, sites, got[33][1], "moved", before[33], origin="application")

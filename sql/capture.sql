@@ -300,8 +300,11 @@ $$;
 -- The capture worker's work on one layer: the rows of p_keys (the id column as text) had decoded
 -- changes. Each is locked as an edit locks it (waiting for an edit that holds it) and compared with
 -- what its last event said; a difference is written as resync writes it: created, moved, updated or
--- retired, the version column bumped. Returns {written, same, refused}.
-CREATE OR REPLACE FUNCTION __capture_rows(p_layer text, p_keys text[]) RETURNS bigint[]
+-- retired, the version column bumped. p_after_edit: those of them written again after the
+-- application's edit in their transaction, for which only a move or a deletion is written (the
+-- edit's event carries the row's properties as the relay reads them, not its new routing key).
+-- Returns {written, same, refused}.
+CREATE OR REPLACE FUNCTION __capture_rows(p_layer text, p_keys text[], p_after_edit text[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -327,7 +330,8 @@ BEGIN
     FOR j IN 1 .. cardinality(p_keys) LOOP
         k := array_position(r.keys, p_keys[j]);
         CASE __repair_row(lay, p_keys[j], CASE WHEN keyed THEN numbers[j] ELSE p_keys[j]::bigint END, k IS NOT NULL,
-                          r.geoms[k], r.gds[k], r.pds[k], r.lives[k], r.versions[k], 'write it again')
+                          r.geoms[k], r.gds[k], r.pds[k], r.lives[k], r.versions[k], 'write it again',
+                          p_keys[j] = ANY(coalesce(p_after_edit, '{}')))
             WHEN 'written' THEN done[1] := done[1] + 1;
             WHEN 'same' THEN done[2] := done[2] + 1;
             ELSE done[3] := done[3] + 1;
@@ -339,7 +343,7 @@ $$;
 
 -- The worker calls this C entry (src/edit/entry.rs), which records the worker's role for the row
 -- reads, then runs __capture_rows as the extension's owner.
-CREATE OR REPLACE FUNCTION _capture_rows(layer text, keys text[]) RETURNS bigint[]
+CREATE OR REPLACE FUNCTION _capture_rows(layer text, keys text[], after_edit text[]) RETURNS bigint[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_capture_rows';
 
@@ -348,7 +352,7 @@ CREATE OR REPLACE FUNCTION _capture_truncated(p_layer text) RETURNS bigint[]
 LANGUAGE sql VOLATILE
 AS $$
     SELECT _capture_rows(p_layer, ARRAY(SELECT coalesce(s.feature_key, s.feature_id::text) FROM feature_state s
-                                         WHERE s.layer = p_layer AND s.last_event IS DISTINCT FROM 'retired'))
+                                         WHERE s.layer = p_layer AND s.last_event IS DISTINCT FROM 'retired'), '{}')
 $$;
 
 -- What capture is doing in this database: its slot, worker, figures and how far it is behind.

@@ -212,8 +212,11 @@ $$;
 -- p_live (not retired) and p_version describe it. p_number: the feature's number, NULL for a key
 -- without events. Returns 'written', 'same' (nothing differs, or a pre-0.3.0 state took the row's
 -- digests) or 'refused' (the edit path refused the row, said in a WARNING with p_hint).
+-- p_moves_only: only a moved geometry or a gone row counts as a difference (capture, after the
+-- application's edit of the row in the same transaction).
 CREATE OR REPLACE FUNCTION __repair_row(lay layer_registry, p_key text, p_number bigint, p_found boolean, p_geom text,
-                             p_gd uuid, p_pd uuid, p_live boolean, p_version integer, p_hint text) RETURNS text
+                             p_gd uuid, p_pd uuid, p_live boolean, p_version integer, p_hint text,
+                             p_moves_only boolean DEFAULT false) RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -231,7 +234,7 @@ BEGIN
     END IF;
     change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest, p_gd, p_pd,
                              CASE WHEN p_found THEN p_live END);
-    IF change IS NULL THEN
+    IF change IS NULL OR (p_moves_only AND change NOT IN ('geometry', 'both', 'gone')) THEN
         RETURN 'same';
     END IF;
     BEGIN

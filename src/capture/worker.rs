@@ -276,7 +276,8 @@ impl Worker {
                         }
                     }
                     pending.rows += piece.len();
-                    pending.work.push(Work::Rows(layer.clone(), piece.to_vec()));
+                    let after: Vec<String> = piece.iter().filter(|k| c.after_edit.contains(&(layer.clone(), (*k).clone()))).cloned().collect();
+                    pending.work.push(Work::Rows(layer.clone(), piece.to_vec(), after));
                 }
             }
             pending.done = Some((c.end_lsn, c.commit_time_us));
@@ -294,9 +295,9 @@ impl Worker {
                 let mut counts = [0i64; 3];
                 for work in &pending.work {
                     let got = match work {
-                        Work::Rows(layer, keys) => Spi::get_one_with_args::<Vec<Option<i64>>>(
-                            "SELECT feature_outbox._capture_rows($1, $2)",
-                            &[layer.as_str().into(), keys.clone().into()],
+                        Work::Rows(layer, keys, after) => Spi::get_one_with_args::<Vec<Option<i64>>>(
+                            "SELECT feature_outbox._capture_rows($1, $2, $3)",
+                            &[layer.as_str().into(), keys.clone().into(), after.clone().into()],
                         )?,
                         Work::Truncated(layer) => {
                             Spi::get_one_with_args::<Vec<Option<i64>>>("SELECT feature_outbox._capture_truncated($1)", &[layer.as_str().into()])?
@@ -351,6 +352,8 @@ struct Pending {
 }
 
 enum Work {
-    Rows(String, Vec<String>),
+    /// A layer, the keys of its changed rows, and those of them written after the application's
+    /// edit in their transaction (classify.rs, `after_edit`).
+    Rows(String, Vec<String>, Vec<String>),
     Truncated(String),
 }

@@ -183,8 +183,8 @@ entry_points! {
         "_resync_chunk(text, integer, text, integer, integer, bigint)" -> Texts @ Resync:
         "SELECT feature_outbox.__resync_chunk($1, $2, $3, $4, $5, $6)";
     pg_finfo_feature_outbox_capture_rows feature_outbox_capture_rows
-        "_capture_rows(text, text[])" -> Bigints:
-        "SELECT feature_outbox.__capture_rows($1, $2)";
+        "_capture_rows(text, text[], text[])" -> Bigints:
+        "SELECT feature_outbox.__capture_rows($1, $2, $3)";
 }
 
 /// Runs `entry` for the call `fcinfo`. A declaration that does not match the entry (a SQL function
