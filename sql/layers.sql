@@ -148,7 +148,7 @@ BEGIN
             format_type(a.atttypid, a.atttypmod), CASE WHEN a.attnotnull THEN 'NOT NULL' ELSE 'nullable' END
             USING ERRCODE = '22023', HINT = CASE WHEN a.atttypid = 'int4'::regtype AND NOT a.attnotnull
                 THEN format('UPDATE %1$s SET %2$I = 0 WHERE %2$I IS NULL; ALTER TABLE %1$s ALTER COLUMN %2$I SET DEFAULT 0, ALTER COLUMN %2$I SET NOT NULL.', tbl, version_column)
-                ELSE format('ALTER TABLE %s ADD COLUMN %I integer NOT NULL DEFAULT 0 (under another name when %I is taken).', tbl, version_column, version_column) END;
+                ELSE format('Register an integer NOT NULL column as the version (ALTER TABLE %s ADD COLUMN version integer NOT NULL DEFAULT 0), or make %I one.', tbl, version_column) END;
     END IF;
 
     IF retired_column IS NOT NULL THEN
