@@ -92,13 +92,13 @@ COMPARE = {
 }
 
 
-def pgbench(c: Cluster, script: str) -> float:
+def pgbench(c: Cluster, script: str, db: str = DB) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
     os.chmod(f.name, 0o644)
     try:
         out = subprocess.run(["pgbench", "-n", "-h", "127.0.0.1", "-p", str(c.port), "-U", "postgres",
-                              "-c", str(CLIENTS), "-j", str(CLIENTS), "-T", str(SECONDS), "-f", f.name, DB],
+                              "-c", str(CLIENTS), "-j", str(CLIENTS), "-T", str(SECONDS), "-f", f.name, db],
                              capture_output=True, text=True)
     finally:
         os.unlink(f.name)

@@ -17,7 +17,10 @@
 #   8. bench/tile_cache_bench.py: commit to purge acknowledged at 200 edits/s, Varnish in front of
 #      Martin, on the database's clock and by a polling client, section 12;
 #   9. bench/standby_bench.py: the standby gate's latency and drain beside no gate and beside
-#      synchronous_commit = on, section 13.
+#      synchronous_commit = on, section 13;
+#  10. bench/capture_bench.py: capture of direct writes: commit to subscriber at 200 plain UPDATEs/s,
+#      a captured bulk UPDATE of 100,000 rows beside record_edit, and edit_feature under
+#      wal_level = replica and logical, section 14.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
@@ -32,3 +35,4 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 11. Kafka: the relay beside a bare producer on one broker, and commit-to-acknowledgement latency\n\n'; "$PY" bench/kafka_bench.py; } | tee -a "$OUT"
 { printf '\n## 12. Tile caches: commit to purge at 200 edits/s\n\n'; "$PY" bench/tile_cache_bench.py; } | tee -a "$OUT"
 { printf '\n## 13. The standby gate: latency and drain with a local standby named in feature_outbox.standby_slots\n\n'; "$PY" bench/standby_bench.py; } | tee -a "$OUT"
+{ printf '\n## 14. Capture of direct writes: latency, a bulk UPDATE beside record_edit, and wal_level = logical\n\n'; "$PY" bench/capture_bench.py; } | tee -a "$OUT"
