@@ -206,6 +206,29 @@ def test_psql_copy(capture, db, sites, sub):
         {fid: (name, kind) for fid, (_, name, kind) in rows.items()}
 
 
+def test_a_refused_row_goes_alone_and_the_rows_written_with_it_keep_their_events(capture, db, sites, sub):
+    """One INSERT of three rows, the middle one with an empty polygon, which the edit path refuses:
+    the worker writes a chunk's rows in one subtransaction, and when one fails does them again one
+    by one. The other two get their events; the refused one none, a WARNING naming it and the
+    capture view's count; once repaired, its event follows."""
+    refused = db.execute("SELECT refused FROM feature_outbox.capture").fetchone()[0]
+    psql(capture, DB, f"""INSERT INTO public.sites (id, geom, name, kind) VALUES
+                            (71, '{square(-85.0, 33.0)}', 'Before the bad one', 'a'),
+                            (72, 'SRID=4326;POLYGON EMPTY', 'Empty', 'a'),
+                            (73, '{square(-85.5, 33.5)}', 'After the bad one', 'a')""")
+    check(db, sites, sub.wait("sites", 71, 1)[0], "created", None)
+    check(db, sites, sub.wait("sites", 73, 1)[0], "created", None)
+    settle(capture, DB, sub, sites)
+    assert [len(sub.of("sites", fid)) for fid in (71, 72, 73)] == [1, 0, 1]
+    assert [outbox_count(db, "sites", fid) for fid in (71, 72, 73)] == [1, 0, 1]
+    assert db.execute("SELECT refused FROM feature_outbox.capture").fetchone()[0] == refused + 1
+    log = capture.log()
+    assert [log.count(f"the event of feature {fid} of layer sites was refused: ") for fid in (71, 72, 73)] == [0, 1, 0]
+
+    psql(capture, DB, f"UPDATE public.sites SET geom = '{square(-86.0, 34.0)}' WHERE id = 72")
+    check(db, sites, sub.wait("sites", 72, 1)[0], "created", None)
+
+
 # ---- GDAL -----------------------------------------------------------------------------------------------
 
 def feature_collection(features: dict) -> dict:

@@ -303,7 +303,9 @@ $$;
 -- retired, the version column bumped. p_after_edit: those of them written again after the
 -- application's edit in their transaction, for which only a move or a deletion is written (the
 -- edit's event carries the row's properties as the relay reads them, not its new routing key).
--- Returns {written, same, refused}.
+-- Returns {written, same, refused}. All rows in one subtransaction; when the edit path refuses a
+-- row, it is rolled back and the rows done again one subtransaction each (__repair_row with a
+-- hint), so that only that row goes without its event.
 CREATE OR REPLACE FUNCTION __capture_rows(p_layer text, p_keys text[], p_after_edit text[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -313,31 +315,42 @@ DECLARE
     r record;
     numbers bigint[];
     k integer;
-    done bigint[] := ARRAY[0, 0, 0];
+    done bigint[];
 BEGIN
     SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer AND l.captured_at IS NOT NULL;
     IF NOT FOUND THEN  -- uncaptured or unregistered since the change: nothing to write
-        RETURN done;
+        RETURN ARRAY[0, 0, 0];
     END IF;
     keyed := _key_cast(lay.id_type) <> 'bigint';
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
     p_keys := ARRAY(SELECT DISTINCT u FROM unnest(p_keys) u ORDER BY u);
-    r := __lock_rows(lay, p_keys, false);
     IF keyed THEN
         numbers := ARRAY(SELECT f.feature_id FROM unnest(p_keys) WITH ORDINALITY u(k, i)
                            LEFT JOIN feature_keys f ON f.layer = p_layer AND f.feature_key = u.k ORDER BY u.i);
     END IF;
-    FOR j IN 1 .. cardinality(p_keys) LOOP
-        k := array_position(r.keys, p_keys[j]);
-        CASE __repair_row(lay, p_keys[j], CASE WHEN keyed THEN numbers[j] ELSE p_keys[j]::bigint END, k IS NOT NULL,
-                          r.geoms[k], r.gds[k], r.pds[k], r.lives[k], r.versions[k], 'write it again',
-                          p_keys[j] = ANY(coalesce(p_after_edit, '{}')))
-            WHEN 'written' THEN done[1] := done[1] + 1;
-            WHEN 'same' THEN done[2] := done[2] + 1;
-            ELSE done[3] := done[3] + 1;
-        END CASE;
+    FOR attempt IN 1 .. 2 LOOP
+        BEGIN
+            done := ARRAY[0, 0, 0];
+            r := __lock_rows(lay, p_keys, false);
+            FOR j IN 1 .. cardinality(p_keys) LOOP
+                k := array_position(r.keys, p_keys[j]);
+                CASE __repair_row(lay, p_keys[j], CASE WHEN keyed THEN numbers[j] ELSE p_keys[j]::bigint END, k IS NOT NULL,
+                                  r.geoms[k], r.gds[k], r.pds[k], r.lives[k], r.versions[k],
+                                  CASE WHEN attempt = 2 THEN 'write it again' END,
+                                  p_keys[j] = ANY(coalesce(p_after_edit, '{}')))
+                    WHEN 'written' THEN done[1] := done[1] + 1;
+                    WHEN 'same' THEN done[2] := done[2] + 1;
+                    ELSE done[3] := done[3] + 1;
+                END CASE;
+            END LOOP;
+            RETURN done;
+        EXCEPTION WHEN OTHERS THEN
+            -- Cancel, shutdown, deadlock, lock timeout, serialization failure: stop, as __repair_row does.
+            IF attempt = 2 OR SQLSTATE IN ('57014', '57P01', '40P01', '55P03', '40001') THEN
+                RAISE;
+            END IF;
+        END;
     END LOOP;
-    RETURN done;
 END
 $$;
 

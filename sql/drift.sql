@@ -211,7 +211,10 @@ $$;
 -- caller has locked the row; p_found: it exists, then p_geom (HEXEWKB), p_gd and p_pd (its digests),
 -- p_live (not retired) and p_version describe it. p_number: the feature's number, NULL for a key
 -- without events. Returns 'written', 'same' (nothing differs, or a pre-0.3.0 state took the row's
--- digests) or 'refused' (the edit path refused the row, said in a WARNING with p_hint).
+-- digests) or 'refused' (the edit path refused the row, said in a WARNING with p_hint). With p_hint
+-- NULL a refusal is raised to the caller instead: no subtransaction per row (each costs about a
+-- fifth of a captured row's work, and a MultiXact for every row the caller locked), for a caller
+-- that runs a whole chunk in one and does it again row by row, with a hint, when it fails.
 -- p_moves_only: only a moved geometry or a gone row counts as a difference (capture, after the
 -- application's edit of the row in the same transaction).
 CREATE OR REPLACE FUNCTION __repair_row(lay layer_registry, p_key text, p_number bigint, p_found boolean, p_geom text,
@@ -222,7 +225,6 @@ AS $$
 DECLARE
     s feature_state;
     change text;
-    v_res integer;
 BEGIN
     SELECT * INTO s FROM feature_state f WHERE f.layer = lay.layer AND f.feature_id = p_number FOR UPDATE;
     IF s.last_event = 'retired' AND p_found AND p_live THEN
@@ -237,46 +239,11 @@ BEGIN
     IF change IS NULL OR (p_moves_only AND change NOT IN ('geometry', 'both', 'gone')) THEN
         RETURN 'same';
     END IF;
+    IF p_hint IS NULL THEN
+        RETURN __repair_event(lay, s, change, p_key, p_found, p_geom, p_gd, p_pd, p_version);
+    END IF;
     BEGIN
-        IF change = 'unknown' THEN
-            -- Last event before 0.3.0: no digests to compare. The geometry is the one it
-            -- routed on when its bounding box still matches; take the digests then, else move.
-            IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
-                  FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(p_geom::geometry, 4326)), true, 4326, NULL)).bbox)
-                       WITH ORDINALITY q(b, j)) THEN
-                UPDATE feature_state f SET geometry_digest = p_gd, properties_digest = p_pd,
-                                           version = p_version, last_event = 'baseline'
-                 WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
-                RETURN 'same';
-            END IF;
-            change := 'geometry';
-        END IF;
-        CASE change
-            WHEN 'no_event' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'created', NULL, NULL, true);
-            WHEN 'geometry', 'both' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'moved', NULL, NULL, true);
-            WHEN 'properties' THEN PERFORM _edit_key(lay.layer, p_key, NULL, 'updated', NULL, NULL, true);
-            ELSE  -- gone
-                IF p_found THEN  -- retired by hand: the event, as record_edit writes it
-                    PERFORM _edit_key(lay.layer, p_key, NULL, 'retired', NULL, NULL, true);
-                ELSE             -- deleted: nothing to write but the event
-                    v_res := current_setting('feature_outbox.h3_resolution')::integer;
-                    UPDATE feature_state f
-                       SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
-                           previous_routing_point = f.routing_point, previous_bbox = f.bbox,
-                           version = f.version + 1, last_event = 'retired', row_version = NULL,
-                           geometry_digest = NULL, properties_digest = NULL
-                     WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
-                    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
-                                        layer, previous_bbox, feature_key)
-                    VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
-                            CASE WHEN s.h3_resolution = v_res THEN s.routing_key
-                                 ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
-                            lay.layer, s.bbox, s.feature_key);
-                    PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
-                    PERFORM _wake_relay_for(s.feature_id);
-                END IF;
-        END CASE;
-        RETURN 'written';
+        RETURN __repair_event(lay, s, change, p_key, p_found, p_geom, p_gd, p_pd, p_version);
     EXCEPTION WHEN OTHERS THEN
         -- Cancel, shutdown, deadlock, lock timeout, serialization failure: stop, and try again later.
         IF SQLSTATE IN ('57014', '57P01', '40P01', '55P03', '40001') THEN
@@ -286,6 +253,57 @@ BEGIN
             USING HINT = format('Repair the row, then %s.', p_hint);
         RETURN 'refused';
     END;
+END
+$$;
+
+-- __repair_row's write of the event for `change` (__drift_change's), s being the feature's state
+-- (locked): 'written', or 'same' when a pre-0.3.0 state only takes the row's digests.
+CREATE OR REPLACE FUNCTION __repair_event(lay layer_registry, s feature_state, change text, p_key text, p_found boolean,
+                               p_geom text, p_gd uuid, p_pd uuid, p_version integer) RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_res integer;
+BEGIN
+    IF change = 'unknown' THEN
+        -- Last event before 0.3.0: no digests to compare. The geometry is the one it
+        -- routed on when its bounding box still matches; take the digests then, else move.
+        IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
+              FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(p_geom::geometry, 4326)), true, 4326, NULL)).bbox)
+                   WITH ORDINALITY q(b, j)) THEN
+            UPDATE feature_state f SET geometry_digest = p_gd, properties_digest = p_pd,
+                                       version = p_version, last_event = 'baseline'
+             WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
+            RETURN 'same';
+        END IF;
+        change := 'geometry';
+    END IF;
+    CASE change
+        WHEN 'no_event' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'created', NULL, NULL, true);
+        WHEN 'geometry', 'both' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'moved', NULL, NULL, true);
+        WHEN 'properties' THEN PERFORM _edit_key(lay.layer, p_key, NULL, 'updated', NULL, NULL, true);
+        ELSE  -- gone
+            IF p_found THEN  -- retired by hand: the event, as record_edit writes it
+                PERFORM _edit_key(lay.layer, p_key, NULL, 'retired', NULL, NULL, true);
+            ELSE             -- deleted: nothing to write but the event
+                v_res := current_setting('feature_outbox.h3_resolution')::integer;
+                UPDATE feature_state f
+                   SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
+                       previous_routing_point = f.routing_point, previous_bbox = f.bbox,
+                       version = f.version + 1, last_event = 'retired', row_version = NULL,
+                       geometry_digest = NULL, properties_digest = NULL
+                 WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
+                                    layer, previous_bbox, feature_key)
+                VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
+                        CASE WHEN s.h3_resolution = v_res THEN s.routing_key
+                             ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
+                        lay.layer, s.bbox, s.feature_key);
+                PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
+                PERFORM _wake_relay_for(s.feature_id);
+            END IF;
+    END CASE;
+    RETURN 'written';
 END
 $$;
 

@@ -49,6 +49,7 @@ REVOKE ALL ON FUNCTION _capture_truncated(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION _capture_wake() FROM PUBLIC;
 REVOKE ALL ON FUNCTION _capture_raise(text, text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __repair_row(layer_registry, text, bigint, boolean, text, uuid, uuid, boolean, integer, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION __repair_event(layer_registry, feature_state, text, text, boolean, text, uuid, uuid, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __lock_rows(layer_registry, text[], boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_rows(layer_registry, integer, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION __drift_layer(text, text) FROM PUBLIC;
