@@ -170,6 +170,7 @@ BEGIN
         END IF;
         v_key := coalesce(p_key, p_feature_id::text);
         v_cast := CASE WHEN p_key IS NULL THEN 'bigint' ELSE lay.id_type::text END;
+        expires := lay.expires;
     END IF;
     IF p_properties IS NOT NULL THEN
         IF jsonb_typeof(p_properties) <> 'object' THEN
@@ -214,10 +215,11 @@ BEGIN
                 HINT = 'A feature needs a non-empty geometry. To remove a feature, send a retired event.';
         END IF;
         v_srid := ST_SRID(p_geom);
-        IF v_srid = 0 THEN
-            RAISE EXCEPTION 'geometry has SRID 0 (unknown coordinate system)' USING ERRCODE = '22023',
-                HINT = 'Give it one, e.g. ST_SetSRID(geom, 4326) for longitude/latitude in degrees.';
-        ELSIF v_srid <> 4326 THEN
+        IF v_srid <> 4326 THEN
+            IF v_srid = 0 THEN
+                RAISE EXCEPTION 'geometry has SRID 0 (unknown coordinate system)' USING ERRCODE = '22023',
+                    HINT = 'Give it one, e.g. ST_SetSRID(geom, 4326) for longitude/latitude in degrees.';
+            END IF;
             SELECT s.auth_name || ':' || s.auth_srid INTO crs FROM spatial_ref_sys s WHERE s.srid = v_srid;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'unknown SRID %', v_srid USING ERRCODE = '22023',
@@ -294,10 +296,8 @@ BEGIN
             END IF;
             p := ST_PointOnSurface(CASE WHEN facts.antimeridian THEN ST_ShiftLongitude(shape) ELSE shape END);
         END IF;
-        v_point := ARRAY[ST_X(p), ST_Y(p)];
-        IF v_point[1] > 180 THEN  -- taken on the longitude-shifted shape
-            v_point[1] := v_point[1] - 360;
-        END IF;
+        -- {longitude, latitude}, wrapped back when taken on the longitude-shifted shape.
+        v_point := ARRAY[CASE WHEN ST_X(p) > 180 THEN ST_X(p) - 360 ELSE ST_X(p) END, ST_Y(p)];
         v_res := facts.h3_resolution;
         new_key := _h3_cell(v_point[1], v_point[2], v_res);
     END IF;
@@ -575,10 +575,7 @@ BEGIN
     END IF;
 
     -- Tile expiry (sql/tiles.sql): a layer attached to an expire output keeps this edit's shapes.
-    -- (The built-in layer's outbox INSERT looked that up.)
-    IF user_layer THEN
-        expires := lay.expires;
-    END IF;
+    -- (`expires`: the built-in layer's outbox INSERT looked it up, a user layer's registry read.)
     IF expires THEN
         PERFORM _tile_keep(currval('outbox_id_seq'), ST_AsBinary(g), p_layer, p_feature_id, p_event_type,
                            CASE WHEN user_layer THEN w.properties_digest ELSE md5('()')::uuid END);
