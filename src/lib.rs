@@ -13,6 +13,7 @@ mod ddl_guard;
 mod edit;
 mod event;
 mod event_origin;
+mod outbox_check;
 mod geojson;
 mod input_error;
 mod launcher;
@@ -58,6 +59,7 @@ extension_sql_file!(
     ]
 );
 extension_sql_file!("../sql/origin.sql", name = "origin", requires = ["schema"]);
+extension_sql_file!("../sql/outbox_check.sql", name = "outbox_check", requires = ["schema"]);
 extension_sql_file!("../sql/trace.sql", name = "trace", requires = ["schema", trace_context::_traceparent, trace_context::_tracestate]);
 extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
 extension_sql_file!(
