@@ -116,6 +116,29 @@ pub fn advance(lsn: u64) -> Result<(), pgrx::spi::Error> {
     )
 }
 
+/// The end of the commit record of the last transaction this process committed.
+pub fn last_commit_end() -> u64 {
+    unsafe { pg_sys::XactLastCommitEnd }
+}
+
+/// Whether the physical standbys named in `synchronized_standby_slots` have received WAL up to
+/// `lsn` (PostgreSQL 17 and later; before 17 there are no failover slots, and this is true).
+/// A standby syncs the failover slot only up to the WAL it has; the worker advances the slot once
+/// its events' transaction is there too, or a standby promoted in between would hold the slot past
+/// changes whose events it lacks and never write them. `elevel`: how a slot named there that is
+/// missing or invalid is reported.
+pub fn standbys_have(lsn: u64, elevel: u32) -> bool {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    {
+        unsafe { pg_sys::StandbySlotsHaveCaughtup(lsn, elevel as i32) }
+    }
+    #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+    {
+        let _ = (lsn, elevel);
+        true
+    }
+}
+
 /// Binds this process to the origin: every transaction it commits carries it, and pgoutput names
 /// it in their Begin, so the worker's own writes are known when they are read back.
 pub fn origin_session() -> Result<(), pgrx::spi::Error> {

@@ -106,6 +106,8 @@ struct Worker {
     written_to: u64,
     /// Where the slot was last advanced to: with no WAL flushed since, there is nothing to read.
     advanced_to: u64,
+    /// The end of its last events' transaction not yet known to be on the standbys (0: none).
+    events_end: u64,
     /// When it last wrote a running-transactions record (slot::log_snapshot).
     snapshot_at: Option<std::time::Instant>,
     classifier: Classifier,
@@ -245,6 +247,9 @@ impl Worker {
             // Left part-way through the chunk: the slot stays, the next worker reads it again.
             return Ok(Next::Exit);
         }
+        if self.events_end > 0 && !self.wait_for_standbys() {
+            return Ok(Next::Exit);
+        }
         if consumed_to > 0 && consumed_to != self.advanced_to {
             transaction(|| slot::advance(consumed_to))?;
             self.advanced_to = consumed_to;
@@ -257,6 +262,30 @@ impl Worker {
             }
         });
         Ok(if partial { Next::Again } else { Next::Sleep(POLL) })
+    }
+
+    /// Waits until the standbys in `synchronized_standby_slots` have the events written (see
+    /// slot::standbys_have), rechecking every POLL; every 10 s a listed slot that is missing,
+    /// invalidated or not connected is named in a WARNING. False: SIGTERM came first, and the slot
+    /// stays where it was.
+    fn wait_for_standbys(&mut self) -> bool {
+        let since = std::time::Instant::now();
+        let mut said = std::time::Duration::ZERO;
+        loop {
+            let late = since.elapsed();
+            let elevel = if late >= said + Duration::from_secs(10) { pg_sys::WARNING } else { pg_sys::DEBUG1 };
+            if elevel == pg_sys::WARNING {
+                said = late;
+            }
+            if slot::standbys_have(self.events_end, elevel) {
+                self.events_end = 0;
+                return true;
+            }
+            if !BackgroundWorker::wait_latch(Some(POLL)) || stopping() {
+                return false;
+            }
+            reload_if_asked();
+        }
     }
 
     /// Writes the events of `committed` in transactions of about ROWS_PER_TRANSACTION rows. A
@@ -316,6 +345,7 @@ impl Worker {
                 Ok(counts)
             })
         })?;
+        self.events_end = slot::last_commit_end();
         if let Some((lsn, _)) = done {
             self.written_to = self.written_to.max(lsn);
             crate::relay::fault_points::crash_if_capture_requested();
