@@ -15,7 +15,7 @@ PASS_ON := PYTEST_ARGS DEMO_LIMIT DEMO_SKIP_INSTALL DEMO_TIMEOUT BENCH_REPEATS
 PASS_ON_ARGS = $(foreach v,$(PASS_ON),$(if $(value $(v)),$(v)='$(value $(v))'))
 VENV := $(or $(FEATURE_OUTBOX_VENV),.venv)
 
-.PHONY: docs setup build install install-test test unit-test pg-test demo bench bench-ab faults package package-test clean
+.PHONY: docs setup build install install-test test unit-test pg-test demo bench bench-steps bench-ab faults package package-test clean
 
 ifneq ($(PG),15)
 ifneq ($(FEATURE_OUTBOX_PG),$(PG))
@@ -65,6 +65,13 @@ demo: setup
 bench: setup
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
 	bash bench/run.sh
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
+
+## bench-steps: make bench's section 15 alone (bench/edit_steps.py): callgrind instructions per edit_feature call by
+## step, beside the floor's. FEATURE_OUTBOX_STEPS_BINS=label=bin_dir adds another tree, e.g. one bench/ab_setup.sh made.
+bench-steps: setup
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
+	$(VENV)/bin/python bench/edit_steps.py
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
 ## bench-ab: this build against 0.2.0 (its release commit, from sql/released/RELEASES), side by side: the bigint edit path and

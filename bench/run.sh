@@ -20,7 +20,10 @@
 #      synchronous_commit = on, section 13;
 #  10. bench/capture_bench.py: capture of direct writes: commit to subscriber at 200 plain UPDATEs/s,
 #      a captured bulk UPDATE of 100,000 rows beside record_edit, and edit_feature under
-#      wal_level = replica and logical, section 14.
+#      wal_level = replica and logical, section 14;
+#  11. bench/edit_steps.py: callgrind instructions per edit_feature call, polygons and points, the
+#      built-in table and a user layer, split by step beside the floor's; FEATURE_OUTBOX_STEPS_BINS
+#      (label=bin_dir,...) adds other builds, such as a release's tree (bench/ab_setup.sh), section 15.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
@@ -36,3 +39,4 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 12. Tile caches: commit to purge at 200 edits/s\n\n'; "$PY" bench/tile_cache_bench.py; } | tee -a "$OUT"
 { printf '\n## 13. The standby gate: latency and drain with a local standby named in feature_outbox.standby_slots\n\n'; "$PY" bench/standby_bench.py; } | tee -a "$OUT"
 { printf '\n## 14. Capture of direct writes: latency, a bulk UPDATE beside record_edit, and wal_level = logical\n\n'; "$PY" bench/capture_bench.py; } | tee -a "$OUT"
+{ printf '\n## 15. Where an edit'"'"'s instructions go: callgrind counts per edit, by step\n\n'; "$PY" bench/edit_steps.py; } | tee -a "$OUT"
