@@ -18,18 +18,16 @@ Prints figures only; asserts nothing about speed.
 """
 
 import os
-import random
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "pg_test"))
 import edit_bench  # noqa: E402
+import edit_steps  # noqa: E402
 import results  # noqa: E402
 from conftest import PG_BIN, RUN_DIR, Cluster, county_data, free_port  # noqa: E402
 from relay_harness import NatsServer, wait_for  # noqa: E402
@@ -79,24 +77,9 @@ def relay_cluster(name: str, bin: Path) -> Cluster:
 
 def instructions_per_edit(c: Cluster, n: int, base: int, sql: str) -> float:
     """Instructions per edit of `sql` (an edit_bench.ROWS statement) in a single-user backend of the
-    stopped cluster `c`, under callgrind: (600-edit run - 100-edit run) / 500, one fixed sequence."""
-    def run(count: int) -> int:
-        rnd = random.Random(7)
-        lines = [sql.replace("\n", " ").replace(":id", str(base + rnd.randint(1, n))).replace(":k", str(i % 2))
-                 for i in range(count)]
-        with tempfile.TemporaryDirectory() as tmp:
-            os.chmod(tmp, 0o777)
-            script, out = Path(tmp) / "edits.sql", Path(tmp) / "callgrind.out"
-            script.write_text("\n".join(" ".join(l.split()) for l in lines) + "\n")
-            as_pg = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else ["sudo", "-u", "postgres"]
-            with script.open() as stdin:
-                done = subprocess.run([*as_pg, "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                                       str(c.bin / "postgres"), "--single", "-D", str(c.dir / "data"), edit_bench.DB],
-                                      stdin=stdin, capture_output=True, text=True)
-            if "ERROR:" in done.stdout + done.stderr:
-                raise SystemExit(f"an edit failed under callgrind:\n{(done.stdout + done.stderr)[-2000:]}")
-            return next(int(l.split()[1]) for l in out.read_text().splitlines() if l.startswith("summary:"))
-    return (run(600) - run(100)) / 500
+    stopped cluster `c`, under callgrind: (600-edit run - 100-edit run) / 500, one fixed sequence
+    (bench/edit_steps.py, which also splits it by step)."""
+    return edit_steps.per_edit(c, n, base, sql)[0]
 
 
 def edit_table(labels: dict, sets: list, rate, cell) -> None:
