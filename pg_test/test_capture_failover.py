@@ -9,9 +9,9 @@ import time
 import psycopg
 import pytest
 
-from conftest import RUN_DIR, Cluster, free_port
+from conftest import PG_BIN, RUN_DIR, Cluster, free_port
 from relay_harness import wait_for
-from standby_harness import kill_tree, make_standby, wait_replayed
+from standby_harness import as_postgres, kill_tree, make_standby, wait_replayed
 
 DB = "capfail"
 SLOT = "replica1"
@@ -128,3 +128,40 @@ def test_capture_goes_on_after_a_promotion(pair):
     # The rows carry the versions their events say.
     assert rows(standby, "SELECT count(*) FROM plots WHERE version = CASE WHEN id <= 10 THEN 2 ELSE 1 END") == [(40,)]
     assert one(standby, "SELECT state FROM feature_outbox.capture") in ("idle", "reading", "writing")
+
+
+def test_a_standby_down_holds_capture_but_no_editor_and_no_shutdown(pair):
+    """With the standby named in synchronized_standby_slots down, the worker reads nothing past what
+    it has (PostgreSQL would otherwise let a promoted standby skip those changes): plain writes
+    and edit_feature commit, their capture waits, and a fast shutdown of the primary still stops
+    the worker, which waits where SIGTERM is heard rather than inside the slot's read. With the
+    standby back, every write is captured once."""
+    primary, standby, version = pair
+    if version < 170000:
+        pytest.skip("failover slots and synchronized_standby_slots are PostgreSQL 17's")
+    with primary.connect(DB) as conn:
+        conn.execute("CALL feature_outbox.capture_layer('plots')")
+        for i in range(1, 6):
+            conn.execute("INSERT INTO plots (id, geom, owner) VALUES (%s, %s, 'a')", (i, square(i)))
+    wait_for(lambda: len(captured(primary)) == 5, what="the first 5 rows captured")
+    # The worker moves the slot on, and goes idle, once the standby has those events too.
+    wait_for(lambda: one(primary, "SELECT state FROM feature_outbox.capture") == "idle", what="the worker idle")
+    standby.stop()
+    with primary.connect(DB) as conn:
+        for i in range(6, 11):
+            conn.execute("INSERT INTO plots (id, geom, owner) VALUES (%s, %s, 'a')", (i, square(i)))
+        # An editor of the built-in layer, whose commit waits for no standby either.
+        conn.execute("SELECT feature_outbox.edit_feature(1001, 'SRID=4326;POINT(-99 41)'::geometry, 'created')")
+    time.sleep(3)
+    assert sorted(captured(primary)) == [1, 2, 3, 4, 5]
+    assert one(primary, "SELECT state FROM feature_outbox.capture") == "reading"
+    assert one(primary, "SELECT lag_bytes > 0 FROM feature_outbox.capture") is True
+    started = time.monotonic()
+    primary.stop()  # fails when the server has not stopped within 60 s
+    assert time.monotonic() - started < 30
+    for c in (standby, primary):
+        as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(c.dir / "data"), "-l", str(c.dir / "server.log"), "-w", "start")
+    wait_for(lambda: len(captured(primary)) == 10, timeout=60, what="rows 6 to 10 captured with the standby back")
+    time.sleep(1)
+    events = captured(primary)
+    assert all(events[i] == [(1, "created")] for i in range(1, 11)), events

@@ -213,13 +213,17 @@ impl Worker {
             self.bound = true;
         }
         update(|c| c.state = "reading");
-        let (upto, messages) = transaction(|| {
-            let upto = slot::flushed()?;
-            if upto == self.advanced_to {
-                return Ok((upto, Vec::new())); // no WAL since: an idle database costs no decoding
-            }
-            Ok((upto, slot::peek(upto, CHUNK_MESSAGES)?))
-        })?;
+        let upto = transaction(slot::flushed)?;
+        // No WAL since: an idle database costs no decoding. A failover slot's read waits, inside
+        // PostgreSQL and deaf to SIGTERM, until the standbys in synchronized_standby_slots have
+        // what it decodes: waited for here first, where a shutdown is heard.
+        let messages = if upto == self.advanced_to {
+            Vec::new()
+        } else if !self.wait_for_standbys(upto) {
+            return Ok(Next::Exit);
+        } else {
+            transaction(|| slot::peek(upto, CHUNK_MESSAGES))?
+        };
         let partial = messages.len() >= CHUNK_MESSAGES as usize;
         let tables = Tables { layers: look.layers, outbox: look.outbox, own_origin: slot::name() };
         self.classifier = Classifier::default();
@@ -247,8 +251,11 @@ impl Worker {
             // Left part-way through the chunk: the slot stays, the next worker reads it again.
             return Ok(Next::Exit);
         }
-        if self.events_end > 0 && !self.wait_for_standbys() {
-            return Ok(Next::Exit);
+        if self.events_end > 0 {
+            if !self.wait_for_standbys(self.events_end) {
+                return Ok(Next::Exit);
+            }
+            self.events_end = 0;
         }
         if consumed_to > 0 && consumed_to != self.advanced_to {
             transaction(|| slot::advance(consumed_to))?;
@@ -264,11 +271,11 @@ impl Worker {
         Ok(if partial { Next::Again } else { Next::Sleep(POLL) })
     }
 
-    /// Waits until the standbys in `synchronized_standby_slots` have the events written (see
+    /// Waits until the standbys in `synchronized_standby_slots` have WAL up to `lsn` (see
     /// slot::standbys_have), rechecking every POLL; every 10 s a listed slot that is missing,
     /// invalidated or not connected is named in a WARNING. False: SIGTERM came first, and the slot
     /// stays where it was.
-    fn wait_for_standbys(&mut self) -> bool {
+    fn wait_for_standbys(&self, lsn: u64) -> bool {
         let since = std::time::Instant::now();
         let mut said = std::time::Duration::ZERO;
         loop {
@@ -277,8 +284,7 @@ impl Worker {
             if elevel == pg_sys::WARNING {
                 said = late;
             }
-            if slot::standbys_have(self.events_end, elevel) {
-                self.events_end = 0;
+            if slot::standbys_have(lsn, elevel) {
                 return true;
             }
             if !BackgroundWorker::wait_latch(Some(POLL)) || stopping() {
