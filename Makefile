@@ -15,7 +15,7 @@ PASS_ON := PYTEST_ARGS DEMO_LIMIT DEMO_SKIP_INSTALL DEMO_TIMEOUT BENCH_REPEATS
 PASS_ON_ARGS = $(foreach v,$(PASS_ON),$(if $(value $(v)),$(v)='$(value $(v))'))
 VENV := $(or $(FEATURE_OUTBOX_VENV),.venv)
 
-.PHONY: docs setup build install install-test test unit-test pg-test demo bench bench-ab faults package package-test clean
+.PHONY: docs setup build install install-test test unit-test pg-test demo bench bench-steps bench-ab faults package package-test clean
 
 ifneq ($(PG),15)
 ifneq ($(FEATURE_OUTBOX_PG),$(PG))
@@ -67,7 +67,14 @@ bench: setup
 	bash bench/run.sh
 	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
 
-## bench-ab: make bench's section 14 alone: this build against a release side by side in one run (default: the last
+## bench-steps: make bench's section 15 alone (bench/edit_steps.py): callgrind instructions per edit_feature call by
+## step, beside the floor's. FEATURE_OUTBOX_STEPS_BINS=label=bin_dir adds another tree, e.g. one bench/ab_setup.sh made.
+bench-steps: setup
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release fault-injection
+	$(VENV)/bin/python bench/edit_steps.py
+	PG_CONFIG=$(PG_CONFIG) bash scripts/install.sh release
+
+## bench-ab: make bench's section 16 alone: this build against a release side by side in one run (default: the last
 ## in sql/released/RELEASES), every edit, relay and instruction figure with its ratio to the release's and a mark where
 ## this build is more than 3 % worse. The release's tree is built once (bench/ab_setup.sh, target/ab). AB_LABEL=0.3.0
 ## compares against another release; AB_COMMIT=<sha> AB_LABEL=<name> against any commit. Output: bench/AB-<label>.md

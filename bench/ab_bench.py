@@ -1,4 +1,4 @@
-"""This build against an earlier one, side by side in one run: make bench's section 14 (against the
+"""This build against an earlier one, side by side in one run: make bench's section 16 (against the
 last release in sql/released/RELEASES, issue 51) and make bench-ab (against any release or commit).
 
 The earlier build runs from a copy of the PostgreSQL tree with that build installed
@@ -23,12 +23,10 @@ Prints figures only; asserts nothing about speed. argv[1], if given, is the head
 """
 
 import os
-import random
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "pg_test"))
 import edit_bench  # noqa: E402
+import edit_steps  # noqa: E402
 import results  # noqa: E402
 from conftest import PG_BIN, RUN_DIR, Cluster, county_data, free_port  # noqa: E402
 from relay_harness import NatsServer, wait_for  # noqa: E402
@@ -51,23 +50,7 @@ EDITS = {"built-in edit_feature(id, geometry)": 3, "layer edit_feature('bench', 
 
 
 def edit_cluster(name: str, bin: Path) -> tuple[Cluster, int]:
-    c = Cluster(RUN_DIR / f"ab-edit-{name}", free_port(), bin)
-    c.start(f"feature_outbox.database = '{edit_bench.DB}'", "feature_outbox.relay_workers = 1",
-            f"feature_outbox.endpoint = 'http://127.0.0.1:{free_port()}/closed'",
-            "feature_outbox.retry_backoff_min = '60s'", "feature_outbox.retry_backoff_max = '60s'",
-            "shared_buffers = '256MB'", "max_wal_size = '4GB'", "autovacuum_naptime = '10s'")
-    c.create_db(edit_bench.DB)
-    c.restart()
-    with c.connect(edit_bench.DB) as conn:
-        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-        conn.execute(edit_bench.SETUP)
-        with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-            for line in county_data().read_text().splitlines():
-                copy.write_row((line,))
-        conn.execute(edit_bench.LOAD % {"base": edit_bench.POINT_BASE})
-        n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]
-        conn.execute("VACUUM ANALYZE")
-    return c, n
+    return edit_bench.edit_cluster(RUN_DIR / f"ab-edit-{name}", bin)
 
 
 def relay_cluster(name: str, bin: Path) -> Cluster:
@@ -93,24 +76,9 @@ def resume(c: Cluster) -> None:
 
 def instructions_per_edit(c: Cluster, n: int, base: int, sql: str) -> float:
     """Instructions per edit of `sql` (an edit_bench.ROWS statement) in a single-user backend of the
-    stopped cluster `c`, under callgrind: (600-edit run - 100-edit run) / 500, one fixed sequence."""
-    def run(count: int) -> int:
-        rnd = random.Random(7)
-        lines = [sql.replace("\n", " ").replace(":id", str(base + rnd.randint(1, n))).replace(":k", str(i % 2))
-                 for i in range(count)]
-        with tempfile.TemporaryDirectory() as tmp:
-            os.chmod(tmp, 0o777)
-            script, out = Path(tmp) / "edits.sql", Path(tmp) / "callgrind.out"
-            script.write_text("\n".join(" ".join(l.split()) for l in lines) + "\n")
-            as_pg = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else ["sudo", "-u", "postgres"]
-            with script.open() as stdin:
-                done = subprocess.run([*as_pg, "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                                       str(c.bin / "postgres"), "--single", "-D", str(c.dir / "data"), edit_bench.DB],
-                                      stdin=stdin, capture_output=True, text=True)
-            if "ERROR:" in done.stdout + done.stderr:
-                raise SystemExit(f"an edit failed under callgrind:\n{(done.stdout + done.stderr)[-2000:]}")
-            return next(int(l.split()[1]) for l in out.read_text().splitlines() if l.startswith("summary:"))
-    return (run(600) - run(100)) / 500
+    stopped cluster `c`, under callgrind: (600-edit run - 100-edit run) / 500, one fixed sequence
+    (bench/edit_steps.py, which also splits it by step)."""
+    return edit_steps.per_edit(c, n, base, sql)[0]
 
 
 WORSE = 0.03  # a figure more than this much worse than the earlier build's is marked

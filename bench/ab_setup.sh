@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A copy of the Debian PostgreSQL tree (15, or FEATURE_OUTBOX_PG's major) with the feature_outbox
-# build of an earlier commit in it, for bench/ab_bench.py (make bench's section 14, make bench-ab)
+# build of an earlier commit in it, for bench/ab_bench.py (make bench's section 16, make bench-ab)
 # and bench/tiles_bench.py: the release build with the test-only discard:// sink, as make bench uses.
 #   bench/ab_setup.sh REF           builds the tree when it is missing or stale, prints its bin directory
 #   bench/ab_setup.sh status REF    prints "LABEL COMMIT fresh", "... missing" or "... stale: why"; builds nothing

@@ -179,6 +179,27 @@ def workers(c: Cluster, *columns: str) -> list[tuple]:
         return conn.execute(f"SELECT {', '.join(columns)} FROM feature_outbox.workers ORDER BY worker").fetchall()
 
 
+def states_through(c: Cluster, seconds: float) -> dict[int, set[str]]:
+    """Each worker's states seen over `seconds`, sampled every 100 ms: a worker in an outage
+    alternates between backing off and reconnecting (up to publish_timeout), so one look at the end
+    may catch either."""
+    seen: dict[int, set[str]] = {}
+    until = time.time() + seconds
+    while time.time() < until:
+        for worker, state in workers(c, "worker", "state"):
+            seen.setdefault(worker, set()).add(state)
+        time.sleep(0.1)
+    return seen
+
+
+def all_backed_off(seen: dict[int, set[str]], n: int) -> bool:
+    return len(seen) == n and all("backing off" in states for states in seen.values())
+
+
+def seen_states(seen: dict[int, set[str]]) -> str:
+    return "; ".join(f"worker {w}: {', '.join(sorted(seen[w]))}" for w in sorted(seen))
+
+
 def running(c: Cluster, n: int) -> bool:
     try:
         return sum(1 for (pid,) in workers(c, "pid") if pid) == n

@@ -25,7 +25,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import PG_BIN, RUN_DIR, Cluster, free_port  # noqa: E402
 from drills import (DB, HEADER, LAYER, PIPELINED, PIPELINED_LOG, TABLE, CoreSubscriber, Editors, Nats, Row, crash_and_restart,  # noqa: E402
-                    drain, kill_workers, nats_and_cluster, relay_pids, running, workers,
+                    all_backed_off, drain, kill_workers, nats_and_cluster, relay_pids, running, seen_states,
+                    states_through, workers,
                     kill_tree, nats_binary, nats_cluster, parked, read_stream, start_cluster,
                     tally)
 from relay_harness import wait_for  # noqa: E402
@@ -33,6 +34,7 @@ from tile_drills import tiles_postmaster_crash, tiles_worker_kill  # noqa: E402
 from kafka_drills import kafka_broker_kill, kafka_order, kafka_unreachable, kafka_worker_kill  # noqa: E402
 from tile_cache_drills import tile_cache_faults  # noqa: E402
 from sink_drills import kafka_hang, nats_hang  # noqa: E402
+from capture_drills import capture_postmaster_crash, capture_worker_kill  # noqa: E402
 
 
 def settle(c: Cluster, editors: Editors, recovered: float, seconds: float = 2.0):
@@ -233,14 +235,13 @@ def nats_outage(short: bool, nats_version: str = "debian") -> Row:
         editors = Editors(c, n=3, rate=100).start()
         time.sleep(2)
         server.stop()
-        time.sleep(8 if short else 30)
-        states = [s for (s,) in workers(c, "state")]
+        seen = states_through(c, 8 if short else 30)
         server.start()
         recovered = time.time()
         ledger, drain_s = settle(c, editors, recovered)
         row = tally(f"5. NATS stopped {8 if short else 30} s", ledger, read_stream([server.url]), drain_s,
-                    note=f"workers during the outage: {', '.join(states)}; {parked(c)} parked")
-        row.checks = {"workers back off during the outage": "backing off" in states, "nothing parked": parked(c) == 0}
+                    note=f"seen during the outage: {seen_states(seen)}; {parked(c)} parked")
+        row.checks = {"each worker backs off during the outage": all_backed_off(seen, 1), "nothing parked": parked(c) == 0}
         return row
 
 
@@ -494,6 +495,8 @@ DRILLS = {
     "tile_cache_faults": tile_cache_faults,
     "nats_hang": nats_hang,
     "kafka_hang": kafka_hang,
+    "capture_worker_kill": capture_worker_kill,
+    "capture_postmaster_crash": capture_postmaster_crash,
 }
 NATS_DRILLS = {"worker_kill", "jetstream_cluster", "nats_outage", "stream_deleted"}
 

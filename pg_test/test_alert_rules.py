@@ -24,7 +24,7 @@ def promtool(*args: str) -> str:
 
 
 def test_promtool_check_rules():
-    assert "SUCCESS: 9 rules found" in promtool("check", "rules", RULES.name)
+    assert "SUCCESS: 10 rules found" in promtool("check", "rules", RULES.name)
 
 
 def test_promtool_test_rules():

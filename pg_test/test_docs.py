@@ -29,8 +29,9 @@ END = "@@feature_outbox docs block end@@"
 @pytest.fixture(scope="module")
 def docs_cluster(nats_server):
     c = Cluster(RUN_DIR / "pg_docs", free_port())
+    # wal_level = logical: the Direct writes page captures a layer (it needs a restart otherwise).
     c.start(f"feature_outbox.database = '{DB}'", "feature_outbox.relay_workers = 1",
-            f"feature_outbox.endpoint = '{nats_server.url}'")
+            f"feature_outbox.endpoint = '{nats_server.url}'", "wal_level = logical")
     yield c
     c.stop()
 

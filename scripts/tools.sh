@@ -8,6 +8,8 @@
 #                   alert rules' tests and the monitoring page's exporter recipe
 #   etcd    3.4.x   Debian's etcd-server, the DCS of the Patroni drills (pg_test/patroni_harness.py)
 #   patroni 3.0.x   Debian's patroni (with python3-etcd, its etcd and etcd3 clients)
+#   gdal    3.6.x   Debian's gdal-bin (ogr2ogr, ogrinfo): the capture tests' writer that no one here
+#                   wrote (pg_test/test_capture.py)
 #   patroni4 4.1.5  Patroni from PyPI in a virtualenv of its own, made from Debian's python3, every
 #                   package pinned in pg_test/patroni-requirements.txt and installed with --no-deps
 #
@@ -28,7 +30,7 @@ set -euo pipefail
 
 TOOLS=${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}
 BUILD=${FEATURE_OUTBOX_TOOLS_BUILD:-$TOOLS/.build}
-ALL=(tansu martin varnish prometheus etcd patroni patroni4)
+ALL=(tansu martin varnish prometheus etcd patroni patroni4 gdal)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 say() { printf 'tools: %s\n' "$*" >&2; }
@@ -167,6 +169,7 @@ apt_packages() {
     prometheus) echo prometheus prometheus-postgres-exporter ;;
     etcd) echo etcd-server ;;
     patroni) echo patroni python3-etcd ;;
+    gdal) echo gdal-bin ;;
   esac
 }
 
@@ -176,6 +179,7 @@ apt_version() {
   case "$1" in
     etcd) echo 3.4. ;;
     patroni) echo 3.0. ;;
+    gdal) echo 3.6. ;;
   esac
 }
 
@@ -293,6 +297,7 @@ path_of() {
     etcd) echo /usr/bin/etcd ;;
     patroni) echo /usr/bin/patroni ;;
     patroni4) echo "$(venv_dir patroni4)/bin/patroni" ;;
+    gdal) echo /usr/bin/ogr2ogr ;;
     *) bin_of "$1" ;;
   esac
 }

@@ -45,19 +45,31 @@ BEGIN
 END
 $$;
 
--- The registered layer p_layer; 42704 (with the registered ones) when there is none.
-CREATE OR REPLACE FUNCTION _capture_layer(p_layer text) RETURNS layer_registry
+-- Whether a captured table's publication still covers its replica identity, as pgoutput needs for
+-- the table's UPDATE and DELETE to run (the DDL guard asks after each ALTER TABLE).
+CREATE OR REPLACE FUNCTION _capture_identity_published(lay layer_registry) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    lay layer_registry;
+    wanted name[];
+    listed name[];
 BEGIN
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    BEGIN
+        wanted := _capture_columns(lay);
+    EXCEPTION WHEN object_not_in_prerequisite_state THEN
+        RETURN false;  -- no identity that names the id column any more
+    END;
+    SELECT ARRAY(SELECT a.attname FROM unnest(r.prattrs::int2[]) k(attnum)
+                   JOIN pg_catalog.pg_attribute a ON a.attrelid = r.prrelid AND a.attnum = k.attnum)
+      INTO listed
+      FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+     WHERE p.pubname = 'feature_outbox_capture' AND r.prrelid = lay.tbl;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
-            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+        RETURN true;  -- not published (yet): nothing to cover
     END IF;
-    RETURN lay;
+    -- No column list publishes every column; FULL needs exactly that.
+    RETURN CASE WHEN wanted IS NULL THEN cardinality(listed) = 0
+                ELSE cardinality(listed) = 0 OR wanted <@ listed END;
 END
 $$;
 
@@ -69,16 +81,25 @@ CREATE OR REPLACE FUNCTION _capture_check(p_layer text) RETURNS layer_registry
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    lay layer_registry := _capture_layer(p_layer);
+    lay layer_registry := _registered_layer(p_layer);
     slot record;
 BEGIN
     IF p_layer = 'features' THEN
         RAISE EXCEPTION 'the built-in layer features is not captured' USING ERRCODE = '0A000',
             HINT = 'Only edit_feature writes feature_outbox.features (and a superuser); capture serves user layers.';
     END IF;
+    IF NOT _relay_preloaded() THEN
+        RAISE EXCEPTION 'capture needs feature_outbox in shared_preload_libraries' USING ERRCODE = '55000',
+            HINT = 'Its worker reads the slot: add feature_outbox to shared_preload_libraries and restart the server.';
+    END IF;
     IF current_setting('wal_level') <> 'logical' THEN
         RAISE EXCEPTION 'capture needs wal_level = logical, not %', current_setting('wal_level') USING ERRCODE = '55000',
             HINT = 'ALTER SYSTEM SET wal_level = logical, then restart the server: the setting takes effect only at start.';
+    END IF;
+    IF _relay_workers_configured() = 0 THEN
+        RAISE EXCEPTION 'capture needs the relay to serve database %', current_database() USING ERRCODE = '55000',
+            DETAIL = 'The capture worker is started with the relay workers; none runs for this database.',
+            HINT = 'Name it in feature_outbox.database (or *) and set feature_outbox.relay_workers above 0.';
     END IF;
     PERFORM _capture_columns(lay);
     SELECT s.slot_type, s.plugin, s.database, s.active_pid INTO slot
@@ -86,7 +107,7 @@ BEGIN
     IF FOUND AND (slot.slot_type <> 'logical' OR slot.plugin <> 'pgoutput' OR slot.database <> current_database()) THEN
         RAISE EXCEPTION 'replication slot % exists and is not this extension''s', _capture_slot_name() USING ERRCODE = '42710',
             DETAIL = format('It is a %s slot%s.', slot.slot_type,
-                            coalesce(format(' of plugin %s on database %s', slot.plugin, slot.database), '')),
+                            CASE WHEN slot.slot_type = 'logical' THEN format(' of plugin %s on database %s', slot.plugin, slot.database) ELSE '' END),
             HINT = 'Drop it with pg_drop_replication_slot if nothing uses it; capture names its slot after the database''s OID.';
     END IF;
     IF lay.captured_at IS NOT NULL AND FOUND THEN
@@ -113,8 +134,13 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication p WHERE p.pubname = 'feature_outbox_capture_edits') THEN
         -- The application's edits, by their outbox rows: which feature each transaction recorded.
-        CREATE PUBLICATION feature_outbox_capture_edits FOR TABLE feature_outbox.outbox (id, feature_id, layer, feature_key)
-          WITH (publish = 'insert');
+        CREATE PUBLICATION feature_outbox_capture_edits WITH (publish = 'insert');
+    END IF;
+    -- Added whenever missing: pg_dump keeps the publication but not an extension table's place in
+    -- it, so a restored copy has it empty (and would send the application's edits twice).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+                    WHERE p.pubname = 'feature_outbox_capture_edits' AND r.prrelid = 'feature_outbox.outbox'::regclass) THEN
+        ALTER PUBLICATION feature_outbox_capture_edits ADD TABLE feature_outbox.outbox (id, feature_id, layer, feature_key);
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
                     WHERE p.pubname = 'feature_outbox_capture' AND r.prrelid = lay.tbl) THEN
@@ -187,6 +213,11 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     created boolean := false;
+    failed boolean := false;
+    code text;
+    message text;
+    detail text;
+    hint text;
 BEGIN
     PERFORM feature_outbox._capture_outside_transaction('capture_layer');
     PERFORM feature_outbox._capture_publish(layer);
@@ -196,12 +227,38 @@ BEGIN
         PERFORM feature_outbox._capture_check(layer);
         created := feature_outbox._capture_create_slot();
         PERFORM feature_outbox._capture_mark(layer);
-    EXCEPTION WHEN OTHERS THEN
-        PERFORM feature_outbox._capture_unpublish(layer, created);
-        RAISE;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        -- A cancel too (statement_timeout while the slot waits for old transactions).
+        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, message = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL,
+                                hint = PG_EXCEPTION_HINT;
+        failed := true;
     END;
+    IF failed THEN
+        -- Committed before the error is raised again, which would roll the cleanup back with it:
+        -- step 1's publication entry must not outlive a failed capture.
+        PERFORM feature_outbox._capture_unpublish(layer, created);
+        COMMIT;
+        PERFORM feature_outbox._capture_raise(code, message, detail, hint);
+    END IF;
     COMMIT;
     PERFORM feature_outbox._capture_wake();
+END
+$$;
+
+-- An error caught by capture_layer, raised again as it was (without its context).
+CREATE OR REPLACE FUNCTION _capture_raise(code text, message text, detail text, hint text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(detail, '') <> '' AND coalesce(hint, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail, HINT = hint;
+    ELSIF coalesce(detail, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, DETAIL = detail;
+    ELSIF coalesce(hint, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message, HINT = hint;
+    ELSE
+        RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message;
+    END IF;
 END
 $$;
 COMMENT ON PROCEDURE capture_layer(text) IS
@@ -226,12 +283,15 @@ CREATE OR REPLACE FUNCTION _uncapture(p_layer text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
-    lay layer_registry := _capture_layer(p_layer);
+    lay layer_registry := _registered_layer(p_layer);
 BEGIN
     PERFORM pg_advisory_xact_lock(1179601241, 1129338964);
-    IF lay.captured_at IS NULL THEN
+    IF lay.captured_at IS NULL AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+                                                WHERE p.pubname = 'feature_outbox_capture' AND r.prrelid = lay.tbl) THEN
         RAISE EXCEPTION 'layer % is not captured', p_layer USING ERRCODE = '55000';
     END IF;
+    -- Not captured but still published: a capture_layer whose session ended while it waited for
+    -- the slot. Taken out of the publication, where it would still constrain the table's UPDATEs.
     UPDATE layer_registry l SET captured_at = NULL WHERE l.layer = p_layer;
     PERFORM _capture_unpublish(p_layer, true);
 END
@@ -240,8 +300,13 @@ $$;
 -- The capture worker's work on one layer: the rows of p_keys (the id column as text) had decoded
 -- changes. Each is locked as an edit locks it (waiting for an edit that holds it) and compared with
 -- what its last event said; a difference is written as resync writes it: created, moved, updated or
--- retired, the version column bumped. Returns {written, same, refused}.
-CREATE OR REPLACE FUNCTION __capture_rows(p_layer text, p_keys text[]) RETURNS bigint[]
+-- retired, the version column bumped. p_after_edit: those of them written again after the
+-- application's edit in their transaction, for which only a move or a deletion is written (the
+-- edit's event carries the row's properties as the relay reads them, not its new routing key).
+-- Returns {written, same, refused}. All rows in one subtransaction; when the edit path refuses a
+-- row, it is rolled back and the rows done again one subtransaction each (__repair_row with a
+-- hint), so that only that row goes without its event.
+CREATE OR REPLACE FUNCTION __capture_rows(p_layer text, p_keys text[], p_after_edit text[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -250,36 +315,48 @@ DECLARE
     r record;
     numbers bigint[];
     k integer;
-    done bigint[] := ARRAY[0, 0, 0];
+    done bigint[];
 BEGIN
     SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer AND l.captured_at IS NOT NULL;
     IF NOT FOUND THEN  -- uncaptured or unregistered since the change: nothing to write
-        RETURN done;
+        RETURN ARRAY[0, 0, 0];
     END IF;
     keyed := _key_cast(lay.id_type) <> 'bigint';
     PERFORM pg_advisory_xact_lock_shared(1179601241, hashtext(p_layer));
     p_keys := ARRAY(SELECT DISTINCT u FROM unnest(p_keys) u ORDER BY u);
-    r := __lock_rows(lay, p_keys, false);
     IF keyed THEN
         numbers := ARRAY(SELECT f.feature_id FROM unnest(p_keys) WITH ORDINALITY u(k, i)
                            LEFT JOIN feature_keys f ON f.layer = p_layer AND f.feature_key = u.k ORDER BY u.i);
     END IF;
-    FOR j IN 1 .. cardinality(p_keys) LOOP
-        k := array_position(r.keys, p_keys[j]);
-        CASE __repair_row(lay, p_keys[j], CASE WHEN keyed THEN numbers[j] ELSE p_keys[j]::bigint END, k IS NOT NULL,
-                          r.geoms[k], r.gds[k], r.pds[k], r.lives[k], r.versions[k], 'write it again')
-            WHEN 'written' THEN done[1] := done[1] + 1;
-            WHEN 'same' THEN done[2] := done[2] + 1;
-            ELSE done[3] := done[3] + 1;
-        END CASE;
+    FOR attempt IN 1 .. 2 LOOP
+        BEGIN
+            done := ARRAY[0, 0, 0];
+            r := __lock_rows(lay, p_keys, false);
+            FOR j IN 1 .. cardinality(p_keys) LOOP
+                k := array_position(r.keys, p_keys[j]);
+                CASE __repair_row(lay, p_keys[j], CASE WHEN keyed THEN numbers[j] ELSE p_keys[j]::bigint END, k IS NOT NULL,
+                                  r.geoms[k], r.gds[k], r.pds[k], r.lives[k], r.versions[k],
+                                  CASE WHEN attempt = 2 THEN 'write it again' END,
+                                  p_keys[j] = ANY(coalesce(p_after_edit, '{}')))
+                    WHEN 'written' THEN done[1] := done[1] + 1;
+                    WHEN 'same' THEN done[2] := done[2] + 1;
+                    ELSE done[3] := done[3] + 1;
+                END CASE;
+            END LOOP;
+            RETURN done;
+        EXCEPTION WHEN OTHERS THEN
+            -- Cancel, shutdown, deadlock, lock timeout, serialization failure: stop, as __repair_row does.
+            IF attempt = 2 OR SQLSTATE IN ('57014', '57P01', '40P01', '55P03', '40001') THEN
+                RAISE;
+            END IF;
+        END;
     END LOOP;
-    RETURN done;
 END
 $$;
 
 -- The worker calls this C entry (src/edit/entry.rs), which records the worker's role for the row
 -- reads, then runs __capture_rows as the extension's owner.
-CREATE OR REPLACE FUNCTION _capture_rows(layer text, keys text[]) RETURNS bigint[]
+CREATE OR REPLACE FUNCTION _capture_rows(layer text, keys text[], after_edit text[]) RETURNS bigint[]
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_capture_rows';
 
@@ -288,7 +365,7 @@ CREATE OR REPLACE FUNCTION _capture_truncated(p_layer text) RETURNS bigint[]
 LANGUAGE sql VOLATILE
 AS $$
     SELECT _capture_rows(p_layer, ARRAY(SELECT coalesce(s.feature_key, s.feature_id::text) FROM feature_state s
-                                         WHERE s.layer = p_layer AND s.last_event IS DISTINCT FROM 'retired'))
+                                         WHERE s.layer = p_layer AND s.last_event IS DISTINCT FROM 'retired'), '{}')
 $$;
 
 -- What capture is doing in this database: its slot, worker, figures and how far it is behind.

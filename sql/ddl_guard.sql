@@ -72,6 +72,13 @@ BEGIN
                               'change the table, and register it again. A superuser may SET feature_outbox.ddl_guard = off '
                               'for the session.', r.layer);
         END IF;
+        IF r.captured_at IS NOT NULL AND NOT _capture_identity_published(r) THEN
+            RAISE EXCEPTION 'cannot change the replica identity or primary key of %: layer % is captured', r.tbl, r.layer
+                USING ERRCODE = '2BP01',
+                DETAIL = 'Its publication lists the identity''s columns; PostgreSQL would refuse the table''s UPDATE and DELETE.',
+                HINT = format('CALL feature_outbox.uncapture_layer(%L), change the table, then CALL feature_outbox.capture_layer(%L). '
+                              'A superuser may SET feature_outbox.ddl_guard = off for the session.', r.layer, r.layer);
+        END IF;
     END LOOP;
 END
 $$;

@@ -114,19 +114,12 @@ $$;
 CREATE OR REPLACE FUNCTION __drift_layer(p_layer text, what text) RETURNS layer_registry
 LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    lay layer_registry;
 BEGIN
     IF NOT has_function_privilege(_caller_role(), what, 'EXECUTE') THEN
         RAISE EXCEPTION 'permission denied for %', what USING ERRCODE = '42501',
             HINT = format('GRANT EXECUTE ON %s TO the role, as the extension''s owner.', what);
     END IF;
-    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
-            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
-    END IF;
-    RETURN lay;
+    RETURN _registered_layer(p_layer);
 END
 $$;
 
@@ -191,6 +184,9 @@ COMMENT ON FUNCTION drift(text) IS
 -- the lock, as the extension's owner would see them with the caller's rights: key, geometry
 -- (HEXEWKB), digests, liveness (not retired) and version, in key order. p_skip: SKIP LOCKED (resync
 -- leaves a row an edit holds for later); else wait for the edit (capture must not lose the change).
+-- FOR NO KEY UPDATE, the lock an edit's UPDATE takes: FOR UPDATE also waited for the KEY SHARE lock
+-- of a foreign key's check (a long transaction inserting a row that references this one), and
+-- every editor of a row locked before it in the batch waited with it.
 -- A key without a row is absent from the result.
 CREATE OR REPLACE FUNCTION __lock_rows(lay layer_registry, p_keys text[], p_skip boolean,
                             OUT keys text[], OUT geoms text[], OUT gds uuid[], OUT pds uuid[], OUT lives boolean[],
@@ -202,7 +198,7 @@ BEGIN
            array_agg(x[5]::boolean), array_agg(x[6]::integer)
       INTO keys, geoms, gds, pds, lives, versions
       FROM _as_caller_rows(
-               format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR UPDATE OF t%8$s',
+               format('SELECT t.%1$I::text, ST_AsHEXEWKB(t.%2$I), %3$s, (%4$s)::text, t.%6$I::text FROM %5$s t WHERE t.%1$I = ANY($1::%7$s[]) ORDER BY t.%1$I FOR NO KEY UPDATE OF t%8$s',
                       lay.id_column, lay.geometry_column, _row_digests_sql(lay.geometry_column, lay.properties::text[]),
                       CASE WHEN lay.retired_column IS NULL THEN 'true' ELSE format('t.%I IS NULL', lay.retired_column) END,
                       lay.tbl, lay.version_column, _key_cast(lay.id_type), CASE WHEN p_skip THEN ' SKIP LOCKED' ELSE '' END),
@@ -215,62 +211,39 @@ $$;
 -- caller has locked the row; p_found: it exists, then p_geom (HEXEWKB), p_gd and p_pd (its digests),
 -- p_live (not retired) and p_version describe it. p_number: the feature's number, NULL for a key
 -- without events. Returns 'written', 'same' (nothing differs, or a pre-0.3.0 state took the row's
--- digests) or 'refused' (the edit path refused the row, said in a WARNING with p_hint).
+-- digests) or 'refused' (the edit path refused the row, said in a WARNING with p_hint). With p_hint
+-- NULL a refusal is raised to the caller instead: no subtransaction per row (each costs about a
+-- fifth of a captured row's work, and a MultiXact for every row the caller locked), for a caller
+-- that runs a whole chunk in one and does it again row by row, with a hint, when it fails.
+-- p_moves_only: only a moved geometry or a gone row counts as a difference (capture, after the
+-- application's edit of the row in the same transaction).
 CREATE OR REPLACE FUNCTION __repair_row(lay layer_registry, p_key text, p_number bigint, p_found boolean, p_geom text,
-                             p_gd uuid, p_pd uuid, p_live boolean, p_version integer, p_hint text) RETURNS text
+                             p_gd uuid, p_pd uuid, p_live boolean, p_version integer, p_hint text,
+                             p_moves_only boolean DEFAULT false) RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     s feature_state;
     change text;
-    v_res integer;
 BEGIN
     SELECT * INTO s FROM feature_state f WHERE f.layer = lay.layer AND f.feature_id = p_number FOR UPDATE;
+    IF s.last_event = 'retired' AND p_found AND p_live THEN
+        -- A row written again under a retired feature's id: ids of retired features are not reused
+        -- (edit_feature refuses it too), so subscribers hear nothing of it. Said, not skipped quietly.
+        RAISE WARNING 'feature % of layer % was retired, and its id is written again: no event', p_key, lay.layer
+            USING HINT = 'Ids of retired features are not reused: give the row a new id.';
+        RETURN 'refused';
+    END IF;
     change := __drift_change(s.layer IS NOT NULL, s.last_event, s.geometry_digest, s.properties_digest, p_gd, p_pd,
                              CASE WHEN p_found THEN p_live END);
-    IF change IS NULL THEN
+    IF change IS NULL OR (p_moves_only AND change NOT IN ('geometry', 'both', 'gone')) THEN
         RETURN 'same';
     END IF;
+    IF p_hint IS NULL THEN
+        RETURN __repair_event(lay, s, change, p_key, p_found, p_geom, p_gd, p_pd, p_version);
+    END IF;
     BEGIN
-        IF change = 'unknown' THEN
-            -- Last event before 0.3.0: no digests to compare. The geometry is the one it
-            -- routed on when its bounding box still matches; take the digests then, else move.
-            IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
-                  FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(p_geom::geometry, 4326)), true, 4326, NULL)).bbox)
-                       WITH ORDINALITY q(b, j)) THEN
-                UPDATE feature_state f SET geometry_digest = p_gd, properties_digest = p_pd,
-                                           version = p_version, last_event = 'baseline'
-                 WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
-                RETURN 'same';
-            END IF;
-            change := 'geometry';
-        END IF;
-        CASE change
-            WHEN 'no_event' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'created', NULL, NULL, true);
-            WHEN 'geometry', 'both' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'moved', NULL, NULL, true);
-            WHEN 'properties' THEN PERFORM _edit_key(lay.layer, p_key, NULL, 'updated', NULL, NULL, true);
-            ELSE  -- gone
-                IF p_found THEN  -- retired by hand: the event, as record_edit writes it
-                    PERFORM _edit_key(lay.layer, p_key, NULL, 'retired', NULL, NULL, true);
-                ELSE             -- deleted: nothing to write but the event
-                    v_res := current_setting('feature_outbox.h3_resolution')::integer;
-                    UPDATE feature_state f
-                       SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
-                           previous_routing_point = f.routing_point, previous_bbox = f.bbox,
-                           version = f.version + 1, last_event = 'retired', row_version = NULL,
-                           geometry_digest = NULL, properties_digest = NULL
-                     WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
-                    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
-                                        layer, previous_bbox, feature_key)
-                    VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
-                            CASE WHEN s.h3_resolution = v_res THEN s.routing_key
-                                 ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
-                            lay.layer, s.bbox, s.feature_key);
-                    PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
-                    PERFORM _wake_relay_for(s.feature_id);
-                END IF;
-        END CASE;
-        RETURN 'written';
+        RETURN __repair_event(lay, s, change, p_key, p_found, p_geom, p_gd, p_pd, p_version);
     EXCEPTION WHEN OTHERS THEN
         -- Cancel, shutdown, deadlock, lock timeout, serialization failure: stop, and try again later.
         IF SQLSTATE IN ('57014', '57P01', '40P01', '55P03', '40001') THEN
@@ -280,6 +253,57 @@ BEGIN
             USING HINT = format('Repair the row, then %s.', p_hint);
         RETURN 'refused';
     END;
+END
+$$;
+
+-- __repair_row's write of the event for `change` (__drift_change's), s being the feature's state
+-- (locked): 'written', or 'same' when a pre-0.3.0 state only takes the row's digests.
+CREATE OR REPLACE FUNCTION __repair_event(lay layer_registry, s feature_state, change text, p_key text, p_found boolean,
+                               p_geom text, p_gd uuid, p_pd uuid, p_version integer) RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_res integer;
+BEGIN
+    IF change = 'unknown' THEN
+        -- Last event before 0.3.0: no digests to compare. The geometry is the one it
+        -- routed on when its bounding box still matches; take the digests then, else move.
+        IF (SELECT bool_and(abs(q.b - s.bbox[q.j]) < 1e-7)
+              FROM unnest((_inspect_geometry(ST_AsBinary(ST_Transform(p_geom::geometry, 4326)), true, 4326, NULL)).bbox)
+                   WITH ORDINALITY q(b, j)) THEN
+            UPDATE feature_state f SET geometry_digest = p_gd, properties_digest = p_pd,
+                                       version = p_version, last_event = 'baseline'
+             WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
+            RETURN 'same';
+        END IF;
+        change := 'geometry';
+    END IF;
+    CASE change
+        WHEN 'no_event' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'created', NULL, NULL, true);
+        WHEN 'geometry', 'both' THEN PERFORM _edit_key(lay.layer, p_key, p_geom::geometry, 'moved', NULL, NULL, true);
+        WHEN 'properties' THEN PERFORM _edit_key(lay.layer, p_key, NULL, 'updated', NULL, NULL, true);
+        ELSE  -- gone
+            IF p_found THEN  -- retired by hand: the event, as record_edit writes it
+                PERFORM _edit_key(lay.layer, p_key, NULL, 'retired', NULL, NULL, true);
+            ELSE             -- deleted: nothing to write but the event
+                v_res := current_setting('feature_outbox.h3_resolution')::integer;
+                UPDATE feature_state f
+                   SET previous_routing_key = f.routing_key, previous_h3_resolution = f.h3_resolution,
+                       previous_routing_point = f.routing_point, previous_bbox = f.bbox,
+                       version = f.version + 1, last_event = 'retired', row_version = NULL,
+                       geometry_digest = NULL, properties_digest = NULL
+                 WHERE f.layer = lay.layer AND f.feature_id = s.feature_id;
+                INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key,
+                                    layer, previous_bbox, feature_key)
+                VALUES (s.feature_id, s.version + 1, 'retired', s.routing_key,
+                        CASE WHEN s.h3_resolution = v_res THEN s.routing_key
+                             ELSE _h3_cell(s.routing_point[1], s.routing_point[2], v_res) END,
+                        lay.layer, s.bbox, s.feature_key);
+                PERFORM _tile_keep(currval('outbox_id_seq'), NULL);  -- its tiles, when the layer has an output
+                PERFORM _wake_relay_for(s.feature_id);
+            END IF;
+    END CASE;
+    RETURN 'written';
 END
 $$;
 

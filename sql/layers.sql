@@ -146,7 +146,9 @@ BEGIN
     IF a.atttypid <> 'int4'::regtype OR NOT a.attnotnull OR a.attgenerated <> '' OR a.attidentity = 'a' THEN
         RAISE EXCEPTION 'version column % must be integer NOT NULL; it is % %', quote_ident(version_column),
             format_type(a.atttypid, a.atttypmod), CASE WHEN a.attnotnull THEN 'NOT NULL' ELSE 'nullable' END
-            USING ERRCODE = '22023', HINT = format('ALTER TABLE %s ADD COLUMN %I integer NOT NULL DEFAULT 0.', tbl, version_column);
+            USING ERRCODE = '22023', HINT = CASE WHEN a.atttypid = 'int4'::regtype AND NOT a.attnotnull
+                THEN format('UPDATE %1$s SET %2$I = 0 WHERE %2$I IS NULL; ALTER TABLE %1$s ALTER COLUMN %2$I SET DEFAULT 0, ALTER COLUMN %2$I SET NOT NULL.', tbl, version_column)
+                ELSE format('Register an integer NOT NULL column as the version (ALTER TABLE %s ADD COLUMN version integer NOT NULL DEFAULT 0), or make %I one.', tbl, version_column) END;
     END IF;
 
     IF retired_column IS NOT NULL THEN
@@ -286,6 +288,22 @@ $$;
 COMMENT ON FUNCTION release_layer(text, regclass) IS
     'Gives a held layer back to the relay once its table (tbl: one restored in its place) has the registered columns; '
     'returns its waiting rows. For the table''s owner or a superuser; EXECUTE is not granted to PUBLIC.';
+
+-- The registered layer p_layer; 42704 (naming the registered ones) when there is none.
+CREATE OR REPLACE FUNCTION _registered_layer(p_layer text) RETURNS layer_registry
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    lay layer_registry;
+BEGIN
+    SELECT * INTO lay FROM layer_registry l WHERE l.layer = p_layer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
+            HINT = format('Registered layers: %s.', (SELECT string_agg(l.layer, ', ' ORDER BY l.layer) FROM layer_registry l));
+    END IF;
+    RETURN lay;
+END
+$$;
 
 CREATE OR REPLACE VIEW layers AS
 SELECT r.layer, r.tbl AS table_name, r.id_column, r.geometry_column, r.version_column, r.retired_column,

@@ -17,7 +17,8 @@ CREATE TABLE outbox (
     event_id             uuid        NOT NULL DEFAULT gen_random_uuid() UNIQUE,
     feature_id           bigint      NOT NULL,
     feature_version      integer     NOT NULL,   -- the version this event describes
-    event_type           text        NOT NULL CHECK (event_type IN ('created', 'moved', 'retired', 'updated', 'snapshot')),
+    -- created, moved, retired, updated or snapshot: outbox_values_check (sql/outbox_check.sql).
+    event_type           text        NOT NULL,
     routing_key          text        NOT NULL,   -- H3 cell of the geometry written by this edit
     previous_routing_key text,                   -- H3 cell of the geometry before it; NULL for created
     schema_version       integer     NOT NULL DEFAULT 3,
@@ -50,8 +51,9 @@ CREATE TABLE outbox (
     tracestate           text,
     -- Where the event comes from (0.5.0): 'application' (the extension's functions), 'captured' (the
     -- capture worker, for a write made outside them) or 'resync'. Its default, _event_origin(), is
-    -- set by sql/origin.sql, which declares it. Last: an update appends it (sql/updates/).
-    origin               text        NOT NULL CHECK (origin IN ('application', 'captured', 'resync'))
+    -- set by sql/origin.sql, which declares it; its values are checked with event_type's
+    -- (outbox_values_check). Last: an update appends it (sql/updates/).
+    origin               text        NOT NULL
     -- Deliberately no geometry column: the relay reads the layer's table, so an edit writes its shape once.
 );
 COMMENT ON TABLE outbox IS 'One thin row per edit, written in the edit''s transaction and relayed at least once.';

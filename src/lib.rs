@@ -13,6 +13,7 @@ mod ddl_guard;
 mod edit;
 mod event;
 mod event_origin;
+mod outbox_check;
 mod geojson;
 mod input_error;
 mod launcher;
@@ -58,6 +59,7 @@ extension_sql_file!(
     ]
 );
 extension_sql_file!("../sql/origin.sql", name = "origin", requires = ["schema"]);
+extension_sql_file!("../sql/outbox_check.sql", name = "outbox_check", requires = ["schema"]);
 extension_sql_file!("../sql/trace.sql", name = "trace", requires = ["schema", trace_context::_traceparent, trace_context::_tracestate]);
 extension_sql_file!("../sql/layers.sql", name = "layers", requires = ["schema", edit::layers::_caller_role]);
 extension_sql_file!(
@@ -93,9 +95,9 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/capture.sql",
     name = "capture",
-    requires = ["drift", "layers", capture::status::_capture_wake, capture::status::_capture_status, capture::status::_capture_outside_transaction]
+    requires = ["drift", "layers", monitoring::_relay_preloaded, monitoring::_relay_workers_configured, capture::status::_capture_wake, capture::status::_capture_status, capture::status::_capture_outside_transaction]
 );
-extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", ddl_guard::_ddl_guard_on]);
+extension_sql_file!("../sql/ddl_guard.sql", name = "ddl_guard", requires = ["layers", "capture", ddl_guard::_ddl_guard_on]);
 extension_sql_file!("../sql/identity.sql", name = "identity", requires = ["schema", relay_state::_wake_relay_at_commit]);
 extension_sql_file!(
     "../sql/tiles.sql",

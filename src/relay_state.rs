@@ -406,7 +406,8 @@ pub fn now() -> pg_sys::TimestampTz {
 thread_local! {
     /// The relay workers (bit per worker index) this transaction's edits will wake at commit.
     static WAKE_MASK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    static WAKE_FOR_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// wake_at_end is registered (once per backend, for every transaction after).
+    static WAKE_AT_END: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static WAKE_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static RESET_REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -455,17 +456,28 @@ fn _wake_relay_for(feature_id: i64) {
     }
     let bit = 1u32 << partition_of(feature_id, workers);
     WAKE_MASK.with(|m| m.set(m.get() | bit));
-    if WAKE_FOR_REGISTERED.with(|r| r.replace(true)) {
-        return;
+    // One callback for the backend's life, not two per transaction: pgrx's register_xact_callback
+    // boxes each closure anew, about 2,000 instructions an edit.
+    if !WAKE_AT_END.with(|r| r.replace(true)) {
+        unsafe { pg_sys::RegisterXactCallback(Some(wake_at_end), std::ptr::null_mut()) };
     }
-    register_xact_callback(PgXactCallbackEvent::Commit, || {
-        WAKE_FOR_REGISTERED.with(|r| r.set(false));
-        wake(WAKE_MASK.with(|m| m.replace(0)));
-    });
-    register_xact_callback(PgXactCallbackEvent::Abort, || {
-        WAKE_FOR_REGISTERED.with(|r| r.set(false));
-        WAKE_MASK.with(|m| m.set(0));
-    });
+}
+
+/// At the end of each transaction: sets the latches of the workers in WAKE_MASK when it committed,
+/// and forgets them when it aborted or was prepared (COMMIT PREPARED runs elsewhere; the workers'
+/// poll finds those rows).
+#[pg_guard]
+unsafe extern "C-unwind" fn wake_at_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    match event {
+        pg_sys::XactEvent::XACT_EVENT_COMMIT => {
+            let mask = WAKE_MASK.with(|m| m.replace(0));
+            if mask != 0 {
+                wake(mask);
+            }
+        }
+        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PREPARE => WAKE_MASK.with(|m| m.set(0)),
+        _ => {}
+    }
 }
 
 /// The claim's low-water outbox id (0 when unknown, or when the library was not preloaded): every

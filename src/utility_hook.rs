@@ -137,6 +137,13 @@ unsafe extern "C-unwind" fn process_utility(
     {
         pause(name, command);
     }
+    // The capture worker leaves first (between its transactions: one writing a bulk change
+    // deadlocked with the DROP), then the slot, origin and publications go with the extension,
+    // which would otherwise keep WAL for ever.
+    if matches!(effect, Some(Effect::ExtensionDropped)) {
+        stop_capture(this_database());
+        crate::capture::slot::drop_with_extension(this_database());
+    }
     unsafe {
         match PREVIOUS {
             // Guarded: an ERROR in another library's hook (or below it) comes back as a Rust panic.
@@ -267,6 +274,28 @@ fn pause(name: &str, command: &'static str) {
     }
     if command == "DROP DATABASE" {
         forget_capture_origin(database);
+    }
+}
+
+/// Sends SIGTERM to `database`'s capture worker and waits (at most PAUSE_WAIT) until it has left.
+/// The launcher starts no other: the DROP's commit marks the extension absent, and an abort leaves
+/// `wanted` set, so it starts one again.
+fn stop_capture(database: u32) {
+    let started = Instant::now();
+    loop {
+        let pid = RELAY.share().database(database).map_or(0, |d| d.capture.pid);
+        if pid == 0 {
+            return;
+        }
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        if started.elapsed() >= PAUSE_WAIT {
+            warning!("feature_outbox: the capture worker did not leave within {PAUSE_WAIT:?}");
+            return;
+        }
+        unsafe {
+            pg_sys::pg_usleep(10_000);
+            pg_sys::check_for_interrupts!();
+        }
     }
 }
 

@@ -18,7 +18,12 @@ SELECT type, srid, coord_dimension FROM geometry_columns
  WHERE f_table_schema = 'feature_outbox' AND f_table_name = 'features';
 
 SELECT indexdef FROM pg_indexes WHERE schemaname = 'feature_outbox' AND indexname = 'outbox_unpublished';
-SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_event_type_check';
+SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_values_check';
+-- What it lets through: the event types and origins events carry, nothing else.
+SELECT t, o, feature_outbox._outbox_values_valid(t, o)
+  FROM unnest(ARRAY['created', 'moved', 'retired', 'updated', 'snapshot', 'deleted', 'Moved']) t,
+       unnest(ARRAY['application', 'captured', 'resync', 'imported']) o
+ WHERE t IN ('moved', 'deleted', 'Moved') OR o = 'imported' OR o = 'application' ORDER BY 3, 1, 2;
 
 SELECT column_name FROM information_schema.columns
  WHERE table_schema = 'feature_outbox' AND table_name = 'backlog' ORDER BY ordinal_position;

@@ -12,10 +12,11 @@
 
 -- Where each event comes from (sql/origin.sql), appended last as sql/schema.sql has it. The rows
 -- already there get 'application' (nothing recorded which of them resync wrote), as a constant, so
--- the table is not rewritten (the CHECK reads each row once). Its default, _event_origin(), does
--- not exist yet here: sql/origin.sql, in the generated part below, declares it, then sets it.
-ALTER TABLE outbox ADD COLUMN origin text NOT NULL DEFAULT 'application'
-    CHECK (origin IN ('application', 'captured', 'resync'));
+-- the table is not rewritten. Its default, _event_origin(), does not exist yet here: sql/origin.sql,
+-- in the generated part below, declares it, then sets it. event_type's CHECK goes: one CHECK of
+-- both columns takes its place (sql/outbox_check.sql, in the generated part, reads each row once).
+ALTER TABLE outbox ADD COLUMN origin text NOT NULL DEFAULT 'application';
+ALTER TABLE outbox DROP CONSTRAINT outbox_event_type_check;
 
 -- Capture of direct writes (sql/capture.sql): since when a layer is captured.
 ALTER TABLE layer_registry ADD COLUMN captured_at timestamptz;

@@ -1,6 +1,7 @@
 //! Which rows a decoded transaction changed, and which of those need an event: pure, on pgoutput's
 //! messages (pgoutput.rs). A row change is skipped when the same transaction wrote the outbox row
-//! of that feature (edit_feature or record_edit recorded it: the application's edit), and a whole
+//! of that feature after it (edit_feature or record_edit recorded it: the application's edit; a
+//! plain write after the edit is looked at, or a move after an edit would go unannounced), and a whole
 //! transaction is skipped when it carries the capture worker's own replication origin (its version
 //! bumps). Which event a kept change becomes is decided later, against the feature's last event
 //! (sql/capture.sql, __repair_row): a change decoded here only names the row.
@@ -40,6 +41,10 @@ pub struct Committed {
     pub truncated: Vec<String>,
     /// Row changes left to the application's own events.
     pub skipped: usize,
+    /// (layer, key) of rows in `rows` written again after the application's edit of them in this
+    /// transaction: only a move or a deletion gets an event of its own (the edit's event carries
+    /// the row's properties as the relay reads them, but not its new routing key).
+    pub after_edit: HashSet<(String, String)>,
 }
 
 /// Decodes a stream of messages into committed transactions.
@@ -49,12 +54,13 @@ pub struct Classifier {
     current: Option<Open>,
 }
 
-/// The transaction being read: its row changes so far, and the features its outbox rows name.
+/// The transaction being read: its row changes so far, and the features its outbox rows name,
+/// each with how many row changes came before its last outbox row (the changes that row covers).
 #[derive(Default)]
 struct Open {
     own: bool,
     changes: Vec<(String, String)>,
-    recorded: HashSet<(String, String)>,
+    recorded: HashMap<(String, String), usize>,
     truncated: Vec<String>,
 }
 
@@ -78,7 +84,9 @@ impl Classifier {
             Message::Insert { relation, new } => {
                 if relation == tables.outbox {
                     let recorded = self.outbox_feature(relation, &new)?;
-                    self.open()?.recorded.extend(recorded);
+                    let open = self.open()?;
+                    let covered = open.changes.len();
+                    open.recorded.extend(recorded.map(|feature| (feature, covered)));
                 } else {
                     self.change(relation, &new, tables)?;
                 }
@@ -87,6 +95,11 @@ impl Classifier {
                 // A changed key: the old row is gone (a retired event), the new one is new.
                 if let Some(old) = old {
                     self.change(relation, &old, tables)?;
+                    // A key stored out of line and left unchanged is not sent in the new row
+                    // ('u'); PostgreSQL sends the old key instead, which names the same row.
+                    if self.unchanged_key(relation, &new, tables) {
+                        return Ok(None);
+                    }
                 }
                 self.change(relation, &new, tables)?;
             }
@@ -121,6 +134,12 @@ impl Classifier {
         Ok(())
     }
 
+    /// The captured layer's key column of `tuple` is an unchanged TOASTed value PostgreSQL did not send.
+    fn unchanged_key(&self, relation: u32, tuple: &Tuple, tables: &Tables) -> bool {
+        let (Some(table), Some(r)) = (tables.layers.get(&relation), self.relations.get(&relation)) else { return false };
+        r.columns.iter().position(|c| c.name == table.id_column).and_then(|at| tuple.0.get(at)) == Some(&Value::Unchanged)
+    }
+
     /// (layer, key) of an outbox row: its feature_key for a uuid or text key, else its feature_id.
     fn outbox_feature(&self, relation: u32, tuple: &Tuple) -> Result<Option<(String, String)>, String> {
         let layer = self.column(relation, tuple, "layer")?;
@@ -150,10 +169,13 @@ impl Open {
         let mut committed = Committed { end_lsn, commit_time_us, truncated: self.truncated, ..Default::default() };
         let mut seen = HashSet::new();
         let mut by_layer: HashMap<String, usize> = HashMap::new();
-        for (layer, key) in self.changes {
-            if self.recorded.contains(&(layer.clone(), key.clone())) {
+        for (at, (layer, key)) in self.changes.into_iter().enumerate() {
+            if self.recorded.get(&(layer.clone(), key.clone())).is_some_and(|&covered| at < covered) {
                 committed.skipped += 1;
                 continue;
+            }
+            if self.recorded.contains_key(&(layer.clone(), key.clone())) {
+                committed.after_edit.insert((layer.clone(), key.clone()));
             }
             if !seen.insert((layer.clone(), key.clone())) {
                 continue;
@@ -255,6 +277,21 @@ mod tests {
     }
 
     #[test]
+    fn a_plain_write_after_the_applications_edit_in_its_transaction_is_kept_for_a_move_only() {
+        let mut m = vec![begin()];
+        m.extend(described());
+        m.push(Message::Update { relation: PARCELS, old: None, new: text(&[Some("1")]) });
+        m.push(Message::Insert { relation: OUTBOX, new: text(&[Some("77"), Some("1"), Some("parcels"), None]) });
+        // BEGIN; SELECT edit_feature(...1...); UPDATE parcels SET geom = ... WHERE id = 1; COMMIT
+        m.push(Message::Update { relation: PARCELS, old: None, new: text(&[Some("1")]) });
+        m.push(commit(350));
+        let out = run(m);
+        assert_eq!(out[0].rows, vec![("parcels".to_string(), vec!["1".to_string()])]);
+        assert_eq!(out[0].skipped, 1);
+        assert!(out[0].after_edit.contains(&("parcels".to_string(), "1".to_string())));
+    }
+
+    #[test]
     fn the_workers_own_transactions_are_skipped_and_others_origins_kept() {
         let mut m = vec![begin(), Message::Origin { origin_lsn: 0, name: "feature_outbox_capture_5".into() }];
         m.extend(described());
@@ -277,6 +314,17 @@ mod tests {
         m.push(Message::Update { relation: PARCELS, old: Some(text(&[Some("5")])), new: text(&[Some("6")]) });
         m.push(commit(600));
         assert_eq!(run(m)[0].rows, vec![("parcels".to_string(), vec!["5".to_string(), "6".to_string()])]);
+    }
+
+    #[test]
+    fn an_unchanged_toasted_key_is_named_by_the_old_key() {
+        let mut m = vec![begin()];
+        m.extend(described());
+        // UPDATE of another column of a row whose long text key is stored out of line: the new row
+        // carries 'u' for the key, the old key comes with it.
+        m.push(Message::Update { relation: PARCELS, old: Some(text(&[Some("long")])), new: Tuple(vec![Value::Unchanged]) });
+        m.push(commit(650));
+        assert_eq!(run(m)[0].rows, vec![("parcels".to_string(), vec!["long".to_string()])]);
     }
 
     #[test]

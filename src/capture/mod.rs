@@ -11,6 +11,6 @@
 
 pub mod classify;
 pub mod pgoutput;
-mod slot;
+pub mod slot;
 pub mod status;
 mod worker;

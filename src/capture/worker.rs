@@ -21,8 +21,15 @@ const POLL: Duration = Duration::from_millis(100);
 /// After an error, or while the slot is missing.
 const RETRY: Duration = Duration::from_secs(1);
 /// Messages per read. PostgreSQL stops only at a commit, so one large transaction is read whole
-/// (its rows' keys only: the publication lists the key columns).
-const CHUNK_MESSAGES: i32 = 2000;
+/// (its rows' keys only: the publication lists the key columns: tens of bytes a message). Each read
+/// and each advance decodes again from the slot's restart position: after a bulk write the worker
+/// reads back ~2 messages per event it wrote, and at 2,000 a read that took 9-10 s of CPU after
+/// 100,000 events, against 1 s now (bench/capture_bench.py).
+const CHUNK_MESSAGES: i32 = 20000;
+/// Past this much WAL between the slot's restart position and the flushed end, the worker writes a
+/// running-transactions record (at most five a second), so that each read decodes less again.
+const RETAINED_SNAPSHOT: u64 = 4 << 20;
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
 /// Rows per transaction of the worker: each is locked until it commits, so an editor of one of
 /// them waits at most about this many rows' work.
 const ROWS_PER_TRANSACTION: usize = 500;
@@ -99,6 +106,10 @@ struct Worker {
     written_to: u64,
     /// Where the slot was last advanced to: with no WAL flushed since, there is nothing to read.
     advanced_to: u64,
+    /// The end of its last events' transaction not yet known to be on the standbys (0: none).
+    events_end: u64,
+    /// When it last wrote a running-transactions record (slot::log_snapshot).
+    snapshot_at: Option<std::time::Instant>,
     classifier: Classifier,
     /// The last error logged, so that a repeating one is logged once.
     logged: Option<String>,
@@ -187,6 +198,13 @@ impl Worker {
                 ));
             }
         }
+        if look.retained > RETAINED_SNAPSHOT && self.snapshot_at.is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY) {
+            transaction(|| {
+                slot::log_snapshot();
+                Ok(())
+            })?;
+            self.snapshot_at = Some(std::time::Instant::now());
+        }
         if !self.bound {
             self.written_to = transaction(|| {
                 slot::origin_session()?;
@@ -195,29 +213,49 @@ impl Worker {
             self.bound = true;
         }
         update(|c| c.state = "reading");
-        let (upto, messages) = transaction(|| {
-            let upto = slot::flushed()?;
-            if upto == self.advanced_to {
-                return Ok((upto, Vec::new())); // no WAL since: an idle database costs no decoding
-            }
-            Ok((upto, slot::peek(upto, CHUNK_MESSAGES)?))
-        })?;
+        let upto = transaction(slot::flushed)?;
+        // No WAL since: an idle database costs no decoding. A failover slot's read waits, inside
+        // PostgreSQL and deaf to SIGTERM, until the standbys in synchronized_standby_slots have
+        // what it decodes: waited for here first, where a shutdown is heard.
+        let messages = if upto == self.advanced_to {
+            Vec::new()
+        } else if !self.wait_for_standbys(upto) {
+            return Ok(Next::Exit);
+        } else {
+            transaction(|| slot::peek(upto, CHUNK_MESSAGES))?
+        };
         let partial = messages.len() >= CHUNK_MESSAGES as usize;
         let tables = Tables { layers: look.layers, outbox: look.outbox, own_origin: slot::name() };
         self.classifier = Classifier::default();
         let mut committed = Vec::new();
+        // The end of the chunk's last transaction, the worker's own included: a full chunk of only
+        // its own version bumps must still move the slot on, or the next round reads it again.
+        let mut last_end = 0;
         for data in &messages {
             let message = pgoutput::decode(data).map_err(|e| format!("cannot decode pgoutput's message: {e}"))?;
+            if let pgoutput::Message::Commit { end_lsn, .. } = &message {
+                last_end = *end_lsn;
+            }
             if let Some(c) = self.classifier.feed(message, &tables)? {
                 committed.push(c);
             }
         }
         // Everything up to `upto` was read, unless the chunk was full: then up to its last commit.
-        let consumed_to = if partial { committed.last().map_or(0, |c| c.end_lsn) } else { upto };
+        let consumed_to = if partial { last_end } else { upto };
         let fresh: Vec<Committed> = committed.into_iter().filter(|c| c.end_lsn > self.written_to).collect();
         if !fresh.is_empty() {
             update(|c| c.state = "writing");
             self.write(fresh)?;
+        }
+        if stopping() {
+            // Left part-way through the chunk: the slot stays, the next worker reads it again.
+            return Ok(Next::Exit);
+        }
+        if self.events_end > 0 {
+            if !self.wait_for_standbys(self.events_end) {
+                return Ok(Next::Exit);
+            }
+            self.events_end = 0;
         }
         if consumed_to > 0 && consumed_to != self.advanced_to {
             transaction(|| slot::advance(consumed_to))?;
@@ -233,8 +271,32 @@ impl Worker {
         Ok(if partial { Next::Again } else { Next::Sleep(POLL) })
     }
 
+    /// Waits until the standbys in `synchronized_standby_slots` have WAL up to `lsn` (see
+    /// slot::standbys_have), rechecking every POLL; every 10 s a listed slot that is missing,
+    /// invalidated or not connected is named in a WARNING. False: SIGTERM came first, and the slot
+    /// stays where it was.
+    fn wait_for_standbys(&self, lsn: u64) -> bool {
+        let since = std::time::Instant::now();
+        let mut said = std::time::Duration::ZERO;
+        loop {
+            let late = since.elapsed();
+            let elevel = if late >= said + Duration::from_secs(10) { pg_sys::WARNING } else { pg_sys::DEBUG1 };
+            if elevel == pg_sys::WARNING {
+                said = late;
+            }
+            if slot::standbys_have(lsn, elevel) {
+                return true;
+            }
+            if !BackgroundWorker::wait_latch(Some(POLL)) || stopping() {
+                return false;
+            }
+            reload_if_asked();
+        }
+    }
+
     /// Writes the events of `committed` in transactions of about ROWS_PER_TRANSACTION rows. A
-    /// transaction that completes a decoded one records its end as the origin's position.
+    /// transaction that completes a decoded one records its end as the origin's position. Returns
+    /// early, between two transactions, once SIGTERM arrived.
     fn write(&mut self, committed: Vec<Committed>) -> Result<(), String> {
         let mut pending = Pending::default();
         for c in committed {
@@ -245,9 +307,15 @@ impl Worker {
                 for piece in keys.chunks(ROWS_PER_TRANSACTION) {
                     if pending.rows + piece.len() > ROWS_PER_TRANSACTION && pending.rows > 0 {
                         self.commit(std::mem::take(&mut pending))?;
+                        // SIGTERM (pg_terminate_backend, a fast shutdown, DROP DATABASE) is only a
+                        // flag: without this a 100,000-row change held the worker for minutes.
+                        if stopping() {
+                            return Ok(());
+                        }
                     }
                     pending.rows += piece.len();
-                    pending.work.push(Work::Rows(layer.clone(), piece.to_vec()));
+                    let after: Vec<String> = piece.iter().filter(|k| c.after_edit.contains(&(layer.clone(), (*k).clone()))).cloned().collect();
+                    pending.work.push(Work::Rows(layer.clone(), piece.to_vec(), after));
                 }
             }
             pending.done = Some((c.end_lsn, c.commit_time_us));
@@ -265,9 +333,9 @@ impl Worker {
                 let mut counts = [0i64; 3];
                 for work in &pending.work {
                     let got = match work {
-                        Work::Rows(layer, keys) => Spi::get_one_with_args::<Vec<Option<i64>>>(
-                            "SELECT feature_outbox._capture_rows($1, $2)",
-                            &[layer.as_str().into(), keys.clone().into()],
+                        Work::Rows(layer, keys, after) => Spi::get_one_with_args::<Vec<Option<i64>>>(
+                            "SELECT feature_outbox._capture_rows($1, $2, $3)",
+                            &[layer.as_str().into(), keys.clone().into(), after.clone().into()],
                         )?,
                         Work::Truncated(layer) => {
                             Spi::get_one_with_args::<Vec<Option<i64>>>("SELECT feature_outbox._capture_truncated($1)", &[layer.as_str().into()])?
@@ -283,6 +351,7 @@ impl Worker {
                 Ok(counts)
             })
         })?;
+        self.events_end = slot::last_commit_end();
         if let Some((lsn, _)) = done {
             self.written_to = self.written_to.max(lsn);
             crate::relay::fault_points::crash_if_capture_requested();
@@ -322,6 +391,8 @@ struct Pending {
 }
 
 enum Work {
-    Rows(String, Vec<String>),
+    /// A layer, the keys of its changed rows, and those of them written after the application's
+    /// edit in their transaction (classify.rs, `after_edit`).
+    Rows(String, Vec<String>, Vec<String>),
     Truncated(String),
 }

@@ -183,8 +183,8 @@ entry_points! {
         "_resync_chunk(text, integer, text, integer, integer, bigint)" -> Texts @ Resync:
         "SELECT feature_outbox.__resync_chunk($1, $2, $3, $4, $5, $6)";
     pg_finfo_feature_outbox_capture_rows feature_outbox_capture_rows
-        "_capture_rows(text, text[])" -> Bigints:
-        "SELECT feature_outbox.__capture_rows($1, $2)";
+        "_capture_rows(text, text[], text[])" -> Bigints:
+        "SELECT feature_outbox.__capture_rows($1, $2, $3)";
 }
 
 /// Runs `entry` for the call `fcinfo`. A declaration that does not match the entry (a SQL function
@@ -364,7 +364,8 @@ mod tests {
     }
 
     /// The dispatch table against the catalog, both ways: every C function of the schema that
-    /// pgrx did not declare (but _event_origin, a column default that runs no body), and every
+    /// pgrx did not declare (but _event_origin and _outbox_values_valid, a column default and a CHECK
+    /// that run no body), and every
     /// edit_feature and record_edit overload, is an entry point
     /// bound to the symbol its entry names; every entry has its SQL function, declared with the
     /// entry's return type; and each body prepares with the function's argument types and returns
@@ -384,7 +385,7 @@ mod tests {
                             ARRAY(SELECT a.t FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY a(t, n) ORDER BY a.n)
                        FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
                       WHERE p.pronamespace = 'feature_outbox'::regnamespace
-                        AND ((l.lanname = 'c' AND p.prosrc NOT LIKE '%\\_wrapper' AND p.prosrc <> 'feature_outbox_event_origin')
+                        AND ((l.lanname = 'c' AND p.prosrc NOT LIKE '%\\_wrapper' AND p.prosrc NOT IN ('feature_outbox_event_origin', 'feature_outbox_outbox_values_valid'))
                              OR p.proname IN ('edit_feature', 'record_edit'))",
                     None,
                     &[],

@@ -324,18 +324,29 @@ fn _layer_write_row(
 }
 
 /// A digest as the write's statement returns it, md5 hex or uuid text (see `digests`), as the
-/// uuid it is.
+/// uuid it is. Parsed by hand, without allocating: two a write, about 2,500 instructions each the
+/// general way.
 fn digest_uuid(text: &str) -> pgrx::Uuid {
-    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
+    parse_digest(text).unwrap_or_else(|| error!("a layer write returned \"{text}\" as a digest, not 16 bytes in hex"))
+}
+
+fn parse_digest(text: &str) -> Option<pgrx::Uuid> {
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
     let mut bytes = [0u8; 16];
-    let parsed = hex.len() == 32
-        && bytes.iter_mut().zip(hex.chunks(2)).all(|(b, pair)| {
-            std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok()).map(|v| *b = v).is_some()
-        });
-    if !parsed {
-        error!("a layer write returned \"{text}\" as a digest, not 16 bytes in hex");
+    let mut n = 0;
+    for c in text.bytes().filter(|c| *c != b'-') {
+        if n == 32 {
+            return None;
+        }
+        bytes[n / 2] = (bytes[n / 2] << 4) | nibble(c)?;
+        n += 1;
     }
-    pgrx::Uuid::from_bytes(bytes)
+    (n == 32).then(|| pgrx::Uuid::from_bytes(bytes))
 }
 
 /// A feature's key as a write binds it: a bigint (integer keys), or text cast to the id column's type.
@@ -529,6 +540,17 @@ mod tests {
             retired: Some(quote("retired_at")),
             partitioned,
             key: "$1".into(),
+        }
+    }
+
+    #[test]
+    fn digests_parse_from_md5_hex_and_uuid_text() {
+        let hex = "0123456789abcdefFEDCBA9876543210";
+        let bytes = [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10];
+        assert_eq!(parse_digest(hex).map(|u| *u.as_bytes()), Some(bytes));
+        assert_eq!(parse_digest("01234567-89ab-cdef-fedc-ba9876543210").map(|u| *u.as_bytes()), Some(bytes));
+        for bad in ["", "0123", "0123456789abcdef0123456789abcdef00", "0123456789abcdefg123456789abcdef"] {
+            assert!(parse_digest(bad).is_none(), "{bad}");
         }
     }
 
