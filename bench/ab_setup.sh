@@ -18,6 +18,7 @@
 # the stamp, decide what of that is reused.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/stamp.sh"
 TREES=${FEATURE_OUTBOX_AB_TREES:-$ROOT/target/ab}
 BUILD=${FEATURE_OUTBOX_AB_BUILD:-$TREES/build}
 MAJOR=${FEATURE_OUTBOX_PG:-15}
@@ -57,15 +58,11 @@ recipe_hash() {
 }
 
 status() {
-  local stamp=$tree/STAMP kv have want
+  local stamp=$tree/STAMP want have
   if [ ! -e "$tree" ]; then echo missing; return; fi
   [ -f "$stamp" ] || { echo "stale: $tree has no stamp (not built by bench/ab_setup.sh, or interrupted)"; return; }
   [ -f "$lib" ] || { echo "stale: the stamp's library $lib is missing"; return; }
-  for kv in "commit=$commit" "major=$MAJOR" "features=$FEATURES" "recipe=$(recipe_hash)"; do
-    grep -qxF "$kv" "$stamp" || {
-      have=$(grep -m1 "^${kv%%=*}=" "$stamp" || echo "${kv%%=*}=(none)")
-      echo "stale: stamp has $have, today's recipe ${kv}"; return; }
-  done
+  stamp_mismatch "$stamp" "commit=$commit" "major=$MAJOR" "features=$FEATURES" "recipe=$(recipe_hash)" && return
   want=$(sed -n 's/^sha256=//p' "$stamp")
   have=$(sha256sum "$lib" | cut -c1-64)
   [ "$want" = "$have" ] || { echo "stale: $lib is not the library the stamp recorded (sha256 $have, stamp $want)"; return; }
