@@ -110,25 +110,33 @@ def pgbench(c: Cluster, script: str, db: str = DB) -> float:
     raise SystemExit(f"no tps in pgbench output:\n{out.stdout}")
 
 
-def main() -> None:
-    c = Cluster(RUN_DIR / "bench-edit", free_port())
-    # One relay worker, pointed at a closed port: edits pay the commit wake-up, the relay stays idle.
+def edit_cluster(directory: Path, bin: Path | None = None, *settings: str) -> tuple[Cluster, int]:
+    """A cluster of `bin`'s build (the tree under test by default) loaded for the edit benches
+    (SETUP, the county data, LOAD, VACUUM ANALYZE), and its number of counties. One relay worker,
+    pointed at a closed port: edits pay the commit wake-up, the relay stays idle. Shared by
+    bench/ab_bench.py and bench/edit_steps.py, so that every figure is taken on the same tables."""
+    c = Cluster(directory, free_port(), *([bin] if bin else []))
     c.start(f"feature_outbox.database = '{DB}'", "feature_outbox.relay_workers = 1",
             f"feature_outbox.endpoint = 'http://127.0.0.1:{free_port()}/closed'",
             "feature_outbox.retry_backoff_min = '60s'", "feature_outbox.retry_backoff_max = '60s'",
-            "shared_buffers = '256MB'", "max_wal_size = '4GB'", "autovacuum_naptime = '10s'")
+            "shared_buffers = '256MB'", "max_wal_size = '4GB'", "autovacuum_naptime = '10s'", *settings)
+    c.create_db(DB)
+    c.restart()
+    with c.connect(DB) as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        conn.execute(SETUP)
+        with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
+            for line in county_data().read_text().splitlines():
+                copy.write_row((line,))
+        conn.execute(LOAD % {"base": POINT_BASE})
+        n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]
+        conn.execute("VACUUM ANALYZE")
+    return c, n
+
+
+def main() -> None:
+    c, n = edit_cluster(RUN_DIR / "bench-edit")
     try:
-        c.create_db(DB)
-        c.restart()
-        with c.connect(DB) as conn:
-            conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-            conn.execute(SETUP)
-            with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-                for line in county_data().read_text().splitlines():
-                    copy.write_row((line,))
-            conn.execute(LOAD % {"base": POINT_BASE})
-            n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]
-            conn.execute("VACUUM ANALYZE")
         sets = [("county polygons", 0), ("points", POINT_BASE)]
         tps = {(s, r): [] for s, _ in sets for r, _ in ROWS}
         for _ in range(ROUNDS):

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "pg_test"))
 import edit_bench  # noqa: E402
-from conftest import PG_BIN, RUN_DIR, Cluster, county_data, free_port  # noqa: E402
+from conftest import PG_BIN, RUN_DIR, Cluster  # noqa: E402
 
 SMALL, LARGE = int(os.environ.get("BENCH_STEPS_SMALL", "100")), int(os.environ.get("BENCH_STEPS_LARGE", "600"))
 PATHS = {"floor": 2, "built-in": 3, "user layer": 6, "prepared floor": "floor", "prepared floor + state": "state"}
@@ -78,21 +78,8 @@ STEPS = [
 
 
 def build_cluster(name: str, bin: Path) -> tuple[Cluster, int]:
-    c = Cluster(RUN_DIR / f"steps-{name}", free_port(), bin)
-    c.start(f"feature_outbox.database = '{edit_bench.DB}'", "feature_outbox.relay_workers = 1",
-            f"feature_outbox.endpoint = 'http://127.0.0.1:{free_port()}/closed'",
-            "shared_buffers = '256MB'", "max_wal_size = '4GB'", "jit = off")
-    c.create_db(edit_bench.DB)
-    c.restart()
-    with c.connect(edit_bench.DB) as conn:
-        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
-        conn.execute(edit_bench.SETUP)
-        with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-            for line in county_data().read_text().splitlines():
-                copy.write_row((line,))
-        conn.execute(edit_bench.LOAD % {"base": edit_bench.POINT_BASE})
-        n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]
-        conn.execute("VACUUM ANALYZE")
+    """edit_bench's cluster, stopped: callgrind runs single-user backends on its data directory."""
+    c, n = edit_bench.edit_cluster(RUN_DIR / f"steps-{name}", bin, "jit = off")
     c.stop()
     return c, n
 

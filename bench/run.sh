@@ -23,12 +23,21 @@
 #      wal_level = replica and logical, section 14;
 #  11. bench/edit_steps.py: callgrind instructions per edit_feature call, polygons and points, the
 #      built-in table and a user layer, split by step beside the floor's; FEATURE_OUTBOX_STEPS_BINS
-#      (label=bin_dir,...) adds other builds, such as a release's tree (bench/ab_setup.sh), section 15.
+#      (label=bin_dir,...) adds other builds, such as a release's tree (bench/ab_setup.sh), section 15;
+#  12. bench/ab_bench.py: this build against the last release in sql/released/RELEASES, side by side
+#      (edit TPS, relay drains, callgrind instructions per edit), each figure's ratio to the
+#      release's and a mark where this build is more than 3 % worse, section 16. The release's tree
+#      is built first, once per commit (bench/ab_setup.sh), so that a failed build stops the run
+#      before any figure is taken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${FEATURE_OUTBOX_VENV:-.venv}/bin/python"
 OUT=bench/RESULTS.md   # another major's figures: bench/RESULTS.pgN.md (bench/results.py names it too)
 if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBOX_PG.md; fi
+read -r LAST _ < <(bash scripts/releases.sh last)
+LAST_BIN=$(bash bench/ab_setup.sh last)
+# The tree's cache checks (stamp, recipe, library), now that the tree is there: seconds.
+FEATURE_OUTBOX_RELEASE_TREE_BUILD=1 "$PY" -m pytest -p no:cacheprovider -q pg_test/test_release_trees.py
 "$PY" bench/results.py
 "$PY" bench/pressure_bench.py
 { printf '\n## 7. Backfill: 100,000 features while two editors move random ones\n\n'; "$PY" bench/backfill_bench.py; } | tee -a "$OUT"
@@ -40,3 +49,5 @@ if [ "${FEATURE_OUTBOX_PG:-15}" != 15 ]; then OUT=bench/RESULTS.pg$FEATURE_OUTBO
 { printf '\n## 13. The standby gate: latency and drain with a local standby named in feature_outbox.standby_slots\n\n'; "$PY" bench/standby_bench.py; } | tee -a "$OUT"
 { printf '\n## 14. Capture of direct writes: latency, a bulk UPDATE beside record_edit, and wal_level = logical\n\n'; "$PY" bench/capture_bench.py; } | tee -a "$OUT"
 { printf '\n## 15. Where an edit'"'"'s instructions go: callgrind counts per edit, by step\n\n'; "$PY" bench/edit_steps.py; } | tee -a "$OUT"
+FEATURE_OUTBOX_AB_BIN=$LAST_BIN FEATURE_OUTBOX_AB_LABEL=$LAST "$PY" bench/ab_bench.py \
+  "16. Against the last release ($LAST): every figure's ratio to it" | { echo; cat; } | tee -a "$OUT"

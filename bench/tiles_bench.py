@@ -14,7 +14,6 @@
 
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,13 +52,6 @@ def attach(c: Cluster, build: str, attached: bool) -> None:
             conn.execute("SELECT feature_outbox.unexpire_layer('bench', 'bench')")
 
 
-def resume(c: Cluster) -> None:
-    """Starts a stopped cluster again as it was (Cluster.start would make a fresh one)."""
-    as_pg = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else ["sudo", "-u", "postgres"]
-    subprocess.run([*as_pg, str(c.bin / "pg_ctl"), "-D", str(c.dir / "data"), "-l", str(c.dir / "server.log"), "-w", "start"],
-                   check=True, stdout=subprocess.DEVNULL)
-
-
 def edit_part() -> None:
     """Instructions and TPS of the layer edit, without and with an output."""
     builds = {"this build": PG_BIN, **({OTHER: Path(OTHER_BIN)} if OTHER_BIN else {})}
@@ -83,7 +75,7 @@ def edit_part() -> None:
             attach(c, b, attached)
             c.stop()
             ins[case] = ab_bench.instructions_per_edit(c, n, 0, edit_bench.ROWS[LAYER_EDIT][1])
-            resume(c)
+            ab_bench.resume(c)
     finally:
         for c, _ in clusters.values():
             c.stop()

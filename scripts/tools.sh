@@ -32,6 +32,7 @@ TOOLS=${FEATURE_OUTBOX_TOOLS:-$HOME/.cache/feature_outbox}
 BUILD=${FEATURE_OUTBOX_TOOLS_BUILD:-$TOOLS/.build}
 ALL=(tansu martin varnish prometheus etcd patroni patroni4 gdal)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/stamp.sh"
 
 say() { printf 'tools: %s\n' "$*" >&2; }
 die() { printf 'tools: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -71,11 +72,7 @@ cargo_status() {
   [ -x "$bin" ] || { echo "stale: the stamp's binary $bin is missing"; return; }
   local crate version features
   read -r crate version features < <(recipe "$name")
-  for kv in "tool=$name" "version=$version" "features=$features" "recipe=$(recipe_hash "$name")"; do
-    grep -qxF "$kv" "$stamp" || {
-      have=$(grep -m1 "^${kv%%=*}=" "$stamp" || echo "${kv%%=*}=(none)")
-      echo "stale: stamp has $have, today's recipe ${kv}"; return; }
-  done
+  stamp_mismatch "$stamp" "tool=$name" "version=$version" "features=$features" "recipe=$(recipe_hash "$name")" && return
   want=$(sed -n 's/^sha256=//p' "$stamp")
   have=$(sha256sum "$bin" | cut -c1-64)
   [ "$want" = "$have" ] || { echo "stale: $bin is not the binary the stamp recorded (sha256 $have, stamp $want)"; return; }
@@ -116,11 +113,7 @@ venv_status() {
   if [ ! -e "$dir" ]; then echo missing; return; fi
   [ -f "$stamp" ] || { echo "stale: $dir has no stamp (not made by scripts/tools.sh, or interrupted)"; return; }
   [ -x "$dir/bin/$pkg" ] || { echo "stale: the stamp's $dir/bin/$pkg is missing"; return; }
-  for kv in "tool=$name" "version=$version" "recipe=$(venv_hash "$name")"; do
-    grep -qxF "$kv" "$stamp" || {
-      have=$(grep -m1 "^${kv%%=*}=" "$stamp" || echo "${kv%%=*}=(none)")
-      echo "stale: stamp has $have, today's recipe ${kv}"; return; }
-  done
+  stamp_mismatch "$stamp" "tool=$name" "version=$version" "recipe=$(venv_hash "$name")" && return
   want=$(sed -n 's/^freeze=//p' "$stamp")
   have=$(venv_freeze "$dir")
   [ "$want" = "$have" ] || { echo "stale: $dir holds other packages than the stamp recorded (pip freeze sha256 $have, stamp $want)"; return; }
