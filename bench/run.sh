@@ -23,7 +23,7 @@
 #      wal_level = replica and logical, section 14;
 #  11. bench/edit_steps.py: callgrind instructions per edit_feature call, polygons and points, the
 #      built-in table and a user layer, split by step beside the floor's; FEATURE_OUTBOX_STEPS_BINS
-#      (label=bin_dir,...) adds other builds, such as a release's tree (bench/ab_setup.sh), section 15;
+#      (label=bin_dir,...) adds other builds; here the last release's tree (bench/ab_setup.sh), section 15;
 #  12. bench/ab_bench.py: this build against the last release in sql/released/RELEASES, side by side
 #      (edit TPS, relay drains, callgrind instructions per edit), each figure's ratio to the
 #      release's and a mark where this build is more than 3 % worse, section 16. The release's tree
@@ -48,6 +48,8 @@ FEATURE_OUTBOX_RELEASE_TREE_BUILD=1 "$PY" -m pytest -p no:cacheprovider -q pg_te
 { printf '\n## 12. Tile caches: commit to purge at 200 edits/s\n\n'; "$PY" bench/tile_cache_bench.py; } | tee -a "$OUT"
 { printf '\n## 13. The standby gate: latency and drain with a local standby named in feature_outbox.standby_slots\n\n'; "$PY" bench/standby_bench.py; } | tee -a "$OUT"
 { printf '\n## 14. Capture of direct writes: latency, a bulk UPDATE beside record_edit, and wal_level = logical\n\n'; "$PY" bench/capture_bench.py; } | tee -a "$OUT"
-{ printf '\n## 15. Where an edit'"'"'s instructions go: callgrind counts per edit, by step\n\n'; "$PY" bench/edit_steps.py; } | tee -a "$OUT"
+# Beside the last release's steps, so that a step that grew shows which one.
+{ printf '\n## 15. Where an edit'"'"'s instructions go: callgrind counts per edit, by step\n\n'
+  FEATURE_OUTBOX_STEPS_BINS="$LAST=$LAST_BIN" "$PY" bench/edit_steps.py; } | tee -a "$OUT"
 FEATURE_OUTBOX_AB_BIN=$LAST_BIN FEATURE_OUTBOX_AB_LABEL=$LAST "$PY" bench/ab_bench.py \
   "16. Against the last release ($LAST): every figure's ratio to it" | { echo; cat; } | tee -a "$OUT"
