@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pg_test"))
 sys.path.insert(0, str(ROOT / "bench"))
 import edit_bench  # noqa: E402
-from conftest import RUN_DIR, Cluster, county_data, free_port  # noqa: E402
+from conftest import RUN_DIR, Cluster, free_port  # noqa: E402
 from relay_harness import NatsServer, alter_system, configure, wait_for  # noqa: E402
 from results import Subscriber, spread  # noqa: E402
 
@@ -240,9 +240,7 @@ def main():
         with c.connect(DB) as conn:
             conn.execute("CREATE EXTENSION feature_outbox CASCADE")
             conn.execute(SETUP)
-            with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-                for line in county_data().read_text().splitlines():
-                    copy.write_row((line,))
+            edit_bench.copy_counties(conn)
             with conn.transaction():
                 conn.execute(LOAD)
             n = conn.execute("SELECT count(*) FROM bench.counties").fetchone()[0]

@@ -110,6 +110,13 @@ def pgbench(c: Cluster, script: str, db: str = DB) -> float:
     raise SystemExit(f"no tps in pgbench output:\n{out.stdout}")
 
 
+def copy_counties(conn) -> None:
+    """The county GeoJSON features, one per row, into bench.raw (doc): what each bench's LOAD reads."""
+    with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
+        for line in county_data().read_text().splitlines():
+            copy.write_row((line,))
+
+
 def edit_cluster(directory: Path, bin: Path | None = None, *settings: str) -> tuple[Cluster, int]:
     """A cluster of `bin`'s build (the tree under test by default) loaded for the edit benches
     (SETUP, the county data, LOAD, VACUUM ANALYZE), and its number of counties. One relay worker,
@@ -125,9 +132,7 @@ def edit_cluster(directory: Path, bin: Path | None = None, *settings: str) -> tu
     with c.connect(DB) as conn:
         conn.execute("CREATE EXTENSION feature_outbox CASCADE")
         conn.execute(SETUP)
-        with conn.cursor().copy("COPY bench.raw (doc) FROM STDIN") as copy:
-            for line in county_data().read_text().splitlines():
-                copy.write_row((line,))
+        copy_counties(conn)
         conn.execute(LOAD % {"base": POINT_BASE})
         n = conn.execute("SELECT count(*) FROM bench.raw").fetchone()[0]
         conn.execute("VACUUM ANALYZE")
