@@ -9,7 +9,10 @@ table (capture_harness.check); what must not produce an event is counted after a
 slot, no publication membership and no captured layer behind."""
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psycopg
@@ -17,7 +20,7 @@ import pytest
 
 from capture_harness import (PUBLICATION, Layer, Subscriber, capture_pids, capture_state, check, logical_cluster, outbox_count,
                              psql, settle, slot_name, square, u_shape)
-from conftest import ROOT, RUN_DIR, tools
+from conftest import PG_BIN, ROOT, RUN_DIR, tools
 from relay_harness import nats_fixture, wait_for
 
 DB = "capture"
@@ -336,6 +339,96 @@ def test_the_workers_own_version_bump_is_not_captured_again(capture, db, sites, 
         settle(capture, DB, sub, sites)
     assert len(sub.of("sites", fid)) == 1 and outbox_count(db, "sites", fid) == 1
     assert db.execute(f"SELECT version FROM public.sites WHERE id = {fid}").fetchone()[0] == 1
+
+
+# ---- the worker's reads -----------------------------------------------------------------------------------
+
+def origin_commits(c, start: str, end: str) -> int:
+    """Commit records between two WAL positions that carry a replication origin: only the capture
+    worker's session has one (slot.rs origin_session)."""
+    out = subprocess.run([PG_BIN / "pg_waldump", "-p", c.dir / "data" / "pg_wal", "-s", start, "-e", end],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+    assert "rmgr:" in out or start == end, out[-2000:]
+    return sum(1 for line in out.splitlines() if "COMMIT" in line and "origin: node" in line)
+
+
+def test_an_idle_worker_commits_nothing(capture, db, sites, sub):
+    """Between writes the worker only looks: its reads take no transaction id, so it writes and
+    flushes no commit record, and with no new WAL it does not read the slot at all. pgrx's
+    Spi::get_one and Spi::run assign one: before, an idle worker committed 18 times a second,
+    each commit new WAL for its next round to decode."""
+    settle(capture, DB, sub, sites)
+    start = db.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+    time.sleep(3)
+    end = db.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+    assert origin_commits(capture, start, end) == 0
+
+
+def test_a_half_flushed_wal_tail_holds_neither_the_worker_nor_a_fast_shutdown(capture, db, sites, sub):
+    """A transaction left open after writing WAL (a long load, a session idle in transaction) whose
+    last record crosses the flushed end: PostgreSQL's read of the slot goes to the flushed end and
+    waited on that record, deaf to SIGTERM, until some commit flushed it. In a fast shutdown none
+    comes (the writers and the WAL writer stop first): the server never stopped (CI, drill 21).
+    Here the WAL writer is stopped (SIGSTOP) and the open transaction writes past the end of a
+    WAL segment, which it flushes itself, mid-record (the worker so far read to there and waited
+    forever); the worker now reads to the last record inserted, flushed first: it stays idle, the
+    server restarts fast, and capture goes on. Its flush is never refused either (a position just
+    past a page's header once was: the worker's log must not say so)."""
+    db.execute("CREATE TABLE IF NOT EXISTS public.unrelated (i int, t text)")
+    walwriter = db.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()[0]
+    open_tx = psycopg.connect(capture.dsn(DB))
+    os.kill(walwriter, signal.SIGSTOP)
+    try:
+        before = db.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+        open_tx.execute("INSERT INTO public.unrelated SELECT i, repeat('x', 50) FROM generate_series(1, 250000) i")
+        inserted = db.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        assert db.execute("SELECT pg_current_wal_flush_lsn() > %s", (before,)).fetchone()[0], \
+            "the open transaction's WAL was not flushed past a segment's end"
+        wait_for(lambda: capture_worker_state(db) == "idle" and
+                 db.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (inserted,)).fetchone()[0], 5,
+                 "the worker to read the half-flushed tail and be idle")
+    finally:
+        os.kill(walwriter, signal.SIGCONT)
+    assert "is not satisfied" not in capture.log()
+    try:
+        t = time.time()
+        capture.restart()  # fast: the open transaction is terminated
+        restart_s = time.time() - t
+    finally:
+        open_tx.close()  # no commit: the server ended it
+    assert restart_s < 30, f"the fast restart took {restart_s:.1f} s"
+    wait_for(lambda: capture_pids(capture, DB), 30, "the capture worker after the restart")
+    fid = 81
+    psql(capture, DB, f"INSERT INTO public.sites (id, geom, name, kind) VALUES ({fid}, '{square(-84.0, 31.0)}', 'After the restart', 'a')")
+    with capture.connect(DB) as conn:
+        check(conn, sites, sub.wait("sites", fid, 1)[0], "created", None)
+
+
+def test_a_read_waiting_inside_postgresql_ends_at_sigterm(capture, sites, sub):
+    """A read of the slot that waits inside PostgreSQL (for WAL, or on 17 and later for the standbys
+    in synchronized_standby_slots), here the test build's fault point sleeping in pg_sleep before
+    the read: pgrx's SIGTERM handler only sets a flag, which nothing there looks at; during its
+    reads the worker has PostgreSQL's own handler, so pg_terminate_backend (or a shutdown) ends it
+    as it ends a backend's query, and the change it was reading is captured, once, by the next."""
+    with capture.connect(DB) as conn:
+        conn.execute("""CREATE OR REPLACE FUNCTION public._test_stall_next_capture_read() RETURNS void
+                        LANGUAGE c VOLATILE AS 'feature_outbox', '_test_stall_next_capture_read_wrapper'""")
+        logged = capture.log().count("the read waits inside PostgreSQL")
+        conn.execute("SELECT public._test_stall_next_capture_read()")
+        fid = 82
+        psql(capture, DB, f"INSERT INTO public.sites (id, geom, name, kind) VALUES ({fid}, '{square(-83.0, 32.0)}', 'Read late', 'a')")
+        wait_for(lambda: capture.log().count("the read waits inside PostgreSQL") > logged, 10, "the stalled read")
+        [pid] = capture_pids(capture, DB)
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: pid not in capture_pids(capture, DB), 10, "the stalled worker to end at SIGTERM")
+        assert f"terminating background worker \"feature_outbox capture\" due to administrator command" in capture.log()
+        check(conn, sites, sub.wait("sites", fid, 1)[0], "created", None)
+        settle(capture, DB, sub, sites)
+        assert len(sub.of("sites", fid)) == 1 and outbox_count(conn, "sites", fid) == 1
+
+
+def capture_worker_state(conn) -> str:
+    return conn.execute("SELECT state FROM feature_outbox.capture").fetchone()[0]
 
 
 # ---- uncapture ----------------------------------------------------------------------------------------------

@@ -340,6 +340,9 @@ pub struct RelayShared {
     /// commit, before the slot is advanced.
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub crash_after_next_capture: bool,
+    /// Test builds: the capture worker's next read of its slot first waits inside PostgreSQL.
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub stall_next_capture_read: bool,
 }
 
 impl Default for RelayShared {
@@ -351,6 +354,7 @@ impl Default for RelayShared {
             crash_after_next_publish: false,
             crash_after_next_tiles: false,
             crash_after_next_capture: false,
+            stall_next_capture_read: false,
         }
     }
 }

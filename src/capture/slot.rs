@@ -82,15 +82,83 @@ pub fn look() -> Result<Look, pgrx::spi::Error> {
     })
 }
 
-/// The WAL position up to which a read can see every committed change: the flushed end.
-pub fn flushed() -> Result<u64, pgrx::spi::Error> {
-    let lsn = Spi::get_one::<String>("SELECT (pg_catalog.pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::text")?;
-    Ok(lsn.and_then(|l| l.parse().ok()).unwrap_or(0))
+/// Where a read of the slot stops: the end of the last WAL record inserted so far, flushed first
+/// when it was not (free when it was). PostgreSQL's read goes on to the flushed end, and a record
+/// that crosses that end waits, inside PostgreSQL, until it is flushed: a record written
+/// without a flush (an asynchronous commit, a page prune) that the WAL writer had flushed only up
+/// to a page boundary held the read until some commit flushed it, and in a fast shutdown, which
+/// stops every writer and the WAL writer first, forever: the server never stopped (CI, drill 21).
+/// 0 during recovery, where there is no slot to read.
+pub fn read_end() -> u64 {
+    // SAFETY: plain calls into xlog.c; XLogFlush may raise an ERROR, which the caller's
+    // transaction() catches.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            return 0;
+        }
+        // The end, not the insert position: past a page's header XLogFlush refuses the request
+        // (nothing is inserted there yet: "xlog flush request ... is not satisfied").
+        let end = record_end(pg_sys::GetXLogInsertRecPtr(), pg_sys::wal_segment_size as u64);
+        pg_sys::XLogFlush(end);
+        end
+    }
+}
+
+/// The end of the record that precedes a record starting at `start`. The same position, except
+/// at the top of a page: GetXLogInsertRecPtr then points past the page's header, while the
+/// record before ended at the page boundary; a read asked to go past it would wait for the next.
+fn record_end(start: u64, segment: u64) -> u64 {
+    const fn maxalign(n: usize) -> u64 {
+        ((n + 7) & !7) as u64
+    }
+    let short = maxalign(std::mem::size_of::<pg_sys::XLogPageHeaderData>());
+    let long = maxalign(std::mem::size_of::<pg_sys::XLogLongPageHeaderData>());
+    if start % segment == long {
+        start - long
+    } else if start % pg_sys::XLOG_BLCKSZ as u64 == short {
+        start - short
+    } else {
+        start
+    }
+}
+
+/// Runs `read` with PostgreSQL's own SIGTERM handler, die(), in place of pgrx's, which only sets
+/// a flag: a read waiting inside PostgreSQL (for WAL, or on 17 and later for the standbys in
+/// synchronized_standby_slots) then ends at SIGTERM as a backend's query does, FATAL at its next
+/// interrupt check, the slot where it was. pgrx's handler is back afterwards, also on an ERROR,
+/// and a SIGTERM that came during a read that finished is raised again for it. None: SIGTERM came
+/// before the read.
+pub fn hearing_sigterm<R>(read: impl FnOnce() -> R) -> Option<R> {
+    unsafe extern "C-unwind" {
+        #[link_name = "die"]
+        fn postgres_die(signal: std::ffi::c_int);
+    }
+    struct Restore(pg_sys::pqsigfunc);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: puts back the handler saved below; ProcDiePending is a sig_atomic_t only
+            // signal handlers and interrupt checks touch, and signals run on this thread.
+            unsafe {
+                pg_sys::pqsignal(libc::SIGTERM, self.0);
+                if std::ptr::read_volatile(&raw const pg_sys::ProcDiePending) != 0 {
+                    std::ptr::write_volatile(&raw mut pg_sys::ProcDiePending, 0);
+                    libc::raise(libc::SIGTERM);
+                }
+            }
+        }
+    }
+    // SAFETY: die is PostgreSQL's own handler for a backend's SIGTERM.
+    let _restore = Restore(unsafe { pg_sys::pqsignal(libc::SIGTERM, Some(postgres_die)) });
+    if crate::relay::stopping() {
+        return None;
+    }
+    Some(read())
 }
 
 /// pgoutput's messages of the transactions committed up to `upto`, at least `changes` rows of
 /// them when there are so many (PostgreSQL stops only at a commit), without consuming them.
 pub fn peek(upto: u64, changes: i32) -> Result<Vec<Vec<u8>>, pgrx::spi::Error> {
+    crate::relay::fault_points::stall_capture_read_if_requested()?;
     quiet_decoding()?;
     Spi::connect(|client| {
         let rows = client.select(
@@ -110,10 +178,11 @@ pub fn peek(upto: u64, changes: i32) -> Result<Vec<Vec<u8>>, pgrx::spi::Error> {
 /// Marks every change up to `lsn` consumed. The slot then keeps no WAL before it.
 pub fn advance(lsn: u64) -> Result<(), pgrx::spi::Error> {
     quiet_decoding()?;
-    Spi::run_with_args(
-        "SELECT pg_catalog.pg_replication_slot_advance($1, $2::pg_lsn) WHERE $2::pg_lsn > (SELECT s.confirmed_flush_lsn FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1)",
+    read_one::<String>(
+        "SELECT pg_catalog.pg_replication_slot_advance($1, $2::pg_lsn)::text WHERE $2::pg_lsn > (SELECT s.confirmed_flush_lsn FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1)",
         &[name().into(), lsn_text(lsn).into()],
     )
+    .map(drop)
 }
 
 /// The end of the commit record of the last transaction this process committed.
@@ -142,13 +211,13 @@ pub fn standbys_have(lsn: u64, elevel: u32) -> bool {
 /// Binds this process to the origin: every transaction it commits carries it, and pgoutput names
 /// it in their Begin, so the worker's own writes are known when they are read back.
 pub fn origin_session() -> Result<(), pgrx::spi::Error> {
-    Spi::run_with_args("SELECT pg_catalog.pg_replication_origin_session_setup($1)", &[name().into()])
+    read_one::<String>("SELECT pg_catalog.pg_replication_origin_session_setup($1)::text", &[name().into()]).map(drop)
 }
 
 /// Where the worker had written up to when it last committed events: the end of the last decoded
 /// transaction whose events committed. 0 before the first.
 pub fn origin_progress() -> Result<u64, pgrx::spi::Error> {
-    let lsn = Spi::get_one_with_args::<String>(
+    let lsn = read_one::<String>(
         "SELECT (coalesce(pg_catalog.pg_replication_origin_progress($1, true), '0/0') - '0/0'::pg_lsn)::text",
         &[name().into()],
     )?;
@@ -203,7 +272,7 @@ pub fn log_snapshot() {
 /// only FATAL and PANIC from here (LOG ranks above ERROR in log_min_messages); an error of the read
 /// comes back to the worker, which logs it itself.
 fn quiet_decoding() -> Result<(), pgrx::spi::Error> {
-    Spi::run("SELECT pg_catalog.set_config('log_min_messages', 'fatal', true)")
+    read_one::<String>("SELECT pg_catalog.set_config('log_min_messages', 'fatal', true)", &[]).map(drop)
 }
 
 /// DROP EXTENSION with no capture worker to clean up after it (none running): the slot, the origin
@@ -226,6 +295,14 @@ pub fn drop_with_extension(database: u32) {
     }
 }
 
+/// The one value of `sql`, through SPI's select. Not Spi::get_one or Spi::run: pgrx runs those
+/// through SpiClient::update, which assigns a transaction id, so every round of an idle worker
+/// wrote and flushed commit records (18 a second), which moved the WAL's end, so that the next
+/// round decoded the slot again, and so on.
+fn read_one<T: FromDatum + IntoDatum>(sql: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Result<Option<T>, pgrx::spi::Error> {
+    Spi::connect(|client| client.select(sql, Some(1), args)?.first().get_one::<T>())
+}
+
 /// `lsn` as PostgreSQL writes a pg_lsn.
 fn lsn_text(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
@@ -238,5 +315,18 @@ mod tests {
         assert_eq!(super::lsn_text(0), "0/0");
         assert_eq!(super::lsn_text(0x1_0000_00A8), "1/A8");
         assert_eq!(super::lsn_text(u64::MAX), "FFFFFFFF/FFFFFFFF");
+    }
+
+    #[test]
+    fn record_end_steps_back_over_a_page_header_only() {
+        let segment = 16 << 20;
+        // Mid-page: the insert position is the previous record's end.
+        assert_eq!(super::record_end(0x25F_7CE8, segment), 0x25F_7CE8);
+        // Just past a page's short header (24 bytes): the previous record ended at the boundary.
+        assert_eq!(super::record_end(0x3A9_E018, segment), 0x3A9_E000);
+        // Just past a segment's long header (40 bytes).
+        assert_eq!(super::record_end(0x400_0028, segment), 0x400_0000);
+        // 40 bytes into a page that starts no segment is mid-page.
+        assert_eq!(super::record_end(0x3A9_E028, segment), 0x3A9_E028);
     }
 }

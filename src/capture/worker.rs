@@ -213,16 +213,19 @@ impl Worker {
             self.bound = true;
         }
         update(|c| c.state = "reading");
-        let upto = transaction(slot::flushed)?;
+        let upto = transaction(|| Ok(slot::read_end()))?;
         // No WAL since: an idle database costs no decoding. A failover slot's read waits, inside
-        // PostgreSQL and deaf to SIGTERM, until the standbys in synchronized_standby_slots have
-        // what it decodes: waited for here first, where a shutdown is heard.
-        let messages = if upto == self.advanced_to {
+        // PostgreSQL, until the standbys in synchronized_standby_slots have what it decodes:
+        // waited for here first, where a shutdown is heard without ending the worker.
+        let messages = if upto == 0 || upto == self.advanced_to {
             Vec::new()
         } else if !self.wait_for_standbys(upto) {
             return Ok(Next::Exit);
         } else {
-            transaction(|| slot::peek(upto, CHUNK_MESSAGES))?
+            match slot::hearing_sigterm(|| transaction(|| slot::peek(upto, CHUNK_MESSAGES))) {
+                Some(read) => read?,
+                None => return Ok(Next::Exit),
+            }
         };
         let partial = messages.len() >= CHUNK_MESSAGES as usize;
         let tables = Tables { layers: look.layers, outbox: look.outbox, own_origin: slot::name() };

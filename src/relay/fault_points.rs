@@ -33,6 +33,13 @@ mod enabled {
         RELAY.exclusive().crash_after_next_capture = true;
     }
 
+    /// The capture worker's next read of its slot first sleeps an hour in pg_sleep, inside
+    /// PostgreSQL, as a read waiting for WAL or for standbys does (slot::hearing_sigterm).
+    #[pg_extern(sql = false)]
+    fn _test_stall_next_capture_read() {
+        RELAY.exclusive().stall_next_capture_read = true;
+    }
+
     /// The worker's fresh claim, run in the caller's transaction: the ids of the outbox rows it
     /// claims (locked FOR UPDATE until the transaction ends) and keeps under the ordering rule,
     /// for every feature (one worker's partition of one), at most `batch_size`. The same code the
@@ -93,3 +100,18 @@ pub fn crash_if_capture_requested() {
 
 #[cfg(not(feature = "fault-injection"))]
 pub fn crash_if_capture_requested() {}
+
+/// Waits an hour inside PostgreSQL before the capture worker's read, when a test asked.
+#[cfg(feature = "fault-injection")]
+pub fn stall_capture_read_if_requested() -> Result<(), pgrx::spi::Error> {
+    if std::mem::take(&mut crate::relay_state::RELAY.exclusive().stall_next_capture_read) {
+        pgrx::log!("feature_outbox capture: fault injection: the read waits inside PostgreSQL");
+        pgrx::Spi::connect(|client| client.select("SELECT pg_catalog.pg_sleep(3600)", None, &[]).map(drop))?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn stall_capture_read_if_requested() -> Result<(), pgrx::spi::Error> {
+    Ok(())
+}
