@@ -8,6 +8,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use super::classify::LayerTable;
+use crate::relay::transaction::read_one;
 use crate::relay_state::this_database;
 
 /// The publications pgoutput reads (sql/capture.sql).
@@ -133,13 +134,23 @@ pub fn hearing_sigterm<R>(read: impl FnOnce() -> R) -> Option<R> {
         #[link_name = "die"]
         fn postgres_die(signal: std::ffi::c_int);
     }
-    struct Restore(pg_sys::pqsigfunc);
+    // Through sigaction, not pqsignal (pqsignal_be on 18, returning nothing): the action saved is
+    // put back exactly. errno is kept here, as 17's and 18's wrapper around a handler keeps it.
+    extern "C" fn on_sigterm(signal: std::ffi::c_int) {
+        // SAFETY: errno is this thread's; die only sets flags and the latch.
+        unsafe {
+            let errno = *libc::__errno_location();
+            postgres_die(signal);
+            *libc::__errno_location() = errno;
+        }
+    }
+    struct Restore(libc::sigaction);
     impl Drop for Restore {
         fn drop(&mut self) {
-            // SAFETY: puts back the handler saved below; ProcDiePending is a sig_atomic_t only
+            // SAFETY: puts back the action saved below; ProcDiePending is a sig_atomic_t only
             // signal handlers and interrupt checks touch, and signals run on this thread.
             unsafe {
-                pg_sys::pqsignal(libc::SIGTERM, self.0);
+                libc::sigaction(libc::SIGTERM, &self.0, std::ptr::null_mut());
                 if std::ptr::read_volatile(&raw const pg_sys::ProcDiePending) != 0 {
                     std::ptr::write_volatile(&raw mut pg_sys::ProcDiePending, 0);
                     libc::raise(libc::SIGTERM);
@@ -147,8 +158,16 @@ pub fn hearing_sigterm<R>(read: impl FnOnce() -> R) -> Option<R> {
             }
         }
     }
-    // SAFETY: die is PostgreSQL's own handler for a backend's SIGTERM.
-    let _restore = Restore(unsafe { pg_sys::pqsignal(libc::SIGTERM, Some(postgres_die)) });
+    // SAFETY: sigaction is plain data, zeroed then filled; the handler is async-signal-safe.
+    let _restore = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigterm as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        action.sa_flags = libc::SA_RESTART;
+        let mut saved: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGTERM, &action, &mut saved);
+        Restore(saved)
+    };
     if crate::relay::stopping() {
         return None;
     }
@@ -293,14 +312,6 @@ pub fn drop_with_extension(database: u32) {
         Ok(Err(e)) => warning!("feature_outbox: capture's publications were not dropped: {e}"),
         Err(e) => warning!("feature_outbox: capture's slot {} was not dropped: {}", name.to_string_lossy(), e.message),
     }
-}
-
-/// The one value of `sql`, through SPI's select. Not Spi::get_one or Spi::run: pgrx runs those
-/// through SpiClient::update, which assigns a transaction id, so every round of an idle worker
-/// wrote and flushed commit records (18 a second), which moved the WAL's end, so that the next
-/// round decoded the slot again, and so on.
-fn read_one<T: FromDatum + IntoDatum>(sql: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Result<Option<T>, pgrx::spi::Error> {
-    Spi::connect(|client| client.select(sql, Some(1), args)?.first().get_one::<T>())
 }
 
 /// `lsn` as PostgreSQL writes a pg_lsn.

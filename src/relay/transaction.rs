@@ -68,6 +68,13 @@ pub fn kept_one<T: FromDatum + IntoDatum>(sql: &str) -> Result<Option<T>, RelayE
     })
 }
 
+/// The one value of a read-only statement, through SPI's select. Not Spi::get_one or Spi::run:
+/// pgrx runs those through SpiClient::update, which assigns a transaction id, so a transaction
+/// that only reads writes and flushes a commit record (an idle capture worker 18 a second).
+pub fn read_one<T: FromDatum + IntoDatum>(sql: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Result<Option<T>, pgrx::spi::Error> {
+    Spi::connect(|client| client.select(sql, Some(1), args)?.first().get_one::<T>())
+}
+
 /// The time events of a batch are relayed at, as they carry it (RFC 3339, UTC, microseconds).
 pub fn relayed_at(client: &mut SpiClient<'_>) -> Result<String, RelayError> {
     let plan = prepared(client, "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')", &[], false);
