@@ -10,10 +10,10 @@
 //! published nor parked, or to S + 1. Parked rows below the mark are counted through their own index.
 //! retry_parked() resets the mark at its commit.
 
+use pgrx::prelude::*;
 use std::time::Duration;
 
 use super::error::RelayError;
-use super::transaction::read_one;
 use crate::relay_state::{RELAY, outbox_relid, this_database};
 
 /// How often worker 0 looks (housekeeping.rs): each advance walks the entries between the old mark
@@ -37,9 +37,8 @@ impl LowWater {
     /// ended, it advances the mark. Then it takes a new candidate.
     pub fn advance(&mut self) -> Result<(), RelayError> {
         let relid = outbox_relid();
-        let last_id = read_one::<i64>(
+        let last_id = Spi::get_one::<i64>(
             "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM feature_outbox.outbox_id_seq",
-            &[],
         )?
         .unwrap_or(0);
         let database = this_database();
@@ -57,7 +56,7 @@ impl LowWater {
             (shared.low_water, shared.low_water_generation)
         };
         if let Some(c) = self.candidate.take_if(|c| c.generation == generation) {
-            let running = read_one::<bool>(
+            let running = Spi::get_one_with_args::<bool>(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE virtualtransaction = ANY($1))",
                 &[c.writers.clone().into()],
             )?
@@ -66,7 +65,7 @@ impl LowWater {
                 self.candidate = Some(c);
                 return Ok(());
             }
-            let next = read_one::<i64>(
+            let next = Spi::get_one_with_args::<i64>(
                 "SELECT coalesce(min(id), $2 + 1) FROM feature_outbox.outbox
                   WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 AND id <= $2",
                 &[mark.into(), c.last_id.into()],
@@ -81,11 +80,10 @@ impl LowWater {
         }
         // The sequence first (read above), then the writers: a transaction that drew an id up to
         // last_id held the lock then, and holds it until it ends.
-        let writers = read_one::<Vec<String>>(
+        let writers = Spi::get_one::<Vec<String>>(
             "SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_catalog.pg_locks
               WHERE locktype = 'relation' AND relation = 'feature_outbox.outbox'::regclass
                 AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()",
-            &[],
         )?
         .unwrap_or_default();
         // Nothing beyond the mark: no candidate to wait for.
