@@ -106,7 +106,7 @@ pub fn crash_if_capture_requested() {}
 pub fn stall_capture_read_if_requested() -> Result<(), pgrx::spi::Error> {
     if std::mem::take(&mut crate::relay_state::RELAY.exclusive().stall_next_capture_read) {
         pgrx::log!("feature_outbox capture: fault injection: the read waits inside PostgreSQL");
-        pgrx::Spi::connect(|client| client.select("SELECT pg_catalog.pg_sleep(3600)", None, &[]).map(drop))?;
+        super::transaction::read_one::<String>("SELECT pg_catalog.pg_sleep(3600)::text", &[])?;
     }
     Ok(())
 }
