@@ -421,9 +421,10 @@ def part_quickstart(major: int):
             nats = root.nats("nats")
             print(f"   {nats.version().strip()}; {root.sh(f'/usr/lib/postgresql/{major}/bin/postgres --version').strip()}")
             settings = quick_start_settings(nats.url)
-            R.check("the quick start sets shared_preload_libraries, database, relay_workers and endpoint",
+            R.check("the quick start sets shared_preload_libraries, database, relay_workers, endpoint and wal_level",
                     [s.split("=")[0].strip() for s in settings] == ["shared_preload_libraries", "feature_outbox.database",
-                                                                   "feature_outbox.relay_workers", "feature_outbox.endpoint"],
+                                                                   "feature_outbox.relay_workers", "feature_outbox.endpoint",
+                                                                   "wal_level"],
                     str(settings))
             c = root.cluster("pg", *settings)
             root.sh(f"runuser -u postgres -- createdb -h 127.0.0.1 -p {c.port} gis")
