@@ -18,6 +18,8 @@ INSERT INTO moves VALUES
   (6, 7, ST_GeomFromText('MULTIPOINT((10 10),(10.5 10.2))', 4326)),
   (7, 8, ST_Transform(ST_GeomFromText('POINT(2.37 48.87)', 4326), 3857));
 SET feature_outbox.invalid_geometry = 'repair';
+SET feature_outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+SET feature_outbox.tracestate = 'rojo=00f067aa0ba902b7';
 -- Each move at the resolution of its row (feature_outbox.h3_resolution): a move after a change of
 -- it carries the previous routing point's cell at the new one.
 SELECT m.n, set_config('feature_outbox.h3_resolution', m.res::text, false) AS res, feature_outbox.edit_feature(1::bigint, m.g, 'moved') AS geometry_form,
@@ -25,19 +27,26 @@ SELECT m.n, set_config('feature_outbox.h3_resolution', m.res::text, false) AS re
   FROM moves m ORDER BY m.n;
 RESET feature_outbox.invalid_geometry;
 RESET feature_outbox.h3_resolution;
+RESET feature_outbox.traceparent;
+RESET feature_outbox.tracestate;
+SELECT count(*) AS traced FROM feature_outbox.outbox WHERE traceparent IS NOT NULL AND tracestate IS NOT NULL;
 -- Rows that differ between the two features, other than in their id: none.
 SELECT 'outbox' AS rows, count(*) AS differ FROM (
     (SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin FROM feature_outbox.outbox WHERE feature_id = 1
+            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
+       FROM feature_outbox.outbox WHERE feature_id = 1
      EXCEPT ALL
      SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin FROM feature_outbox.outbox WHERE feature_id = 2)
+            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
+       FROM feature_outbox.outbox WHERE feature_id = 2)
     UNION ALL
     (SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin FROM feature_outbox.outbox WHERE feature_id = 2
+            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
+       FROM feature_outbox.outbox WHERE feature_id = 2
      EXCEPT ALL
      SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin FROM feature_outbox.outbox WHERE feature_id = 1)) d
+            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
+       FROM feature_outbox.outbox WHERE feature_id = 1)) d
 UNION ALL
 SELECT 'state', count(*) FROM (
     SELECT routing_key, h3_resolution, routing_point, bbox, previous_routing_key, previous_h3_resolution,
