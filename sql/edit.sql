@@ -602,6 +602,7 @@ CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry geometry, ev
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 AS $$
 DECLARE
+    ewkb bytea;            -- the shape's EWKB: the Rust pass reads it, the geometry digest hashes it
     facts geometry_facts;
     p geometry;            -- the routing point
     v_res integer;
@@ -615,13 +616,15 @@ DECLARE
 BEGIN
     -- The edit most applications make most: a valid EPSG:4326 shape moved. Here it takes _edit's own
     -- steps for that case (same checks, same statements, same rows), without _edit's second call,
-    -- its second pinned search_path and its forty variables: 14 % more edits a second (bench/
-    -- edit_bench.py, issue 51). Any other case, and whatever this path finds nothing to write for
+    -- its second pinned search_path and its forty variables; one EWKB serves the Rust pass and the
+    -- geometry digest, hashed in Rust (_md5_uuid: md5()'s value without OpenSSL's set-up). Issue
+    -- 51, bench/edit_bench.py. Any other case, and whatever this path finds nothing to write for
     -- (a missing, retired or pre-0.3.0 feature), is _edit's, which raises the error that fits.
-    -- pg_test/sql's regression test 32 holds both paths' rows equal.
+    -- Regression test 32_moved_fast_path holds both paths' rows equal.
     IF $3 = 'moved' AND $1 IS NOT NULL AND NOT ST_IsEmpty($2) AND ST_SRID($2) = 4326
        AND GeometryType($2) IN ('POINT', 'LINESTRING', 'POLYGON', 'MULTIPOINT', 'MULTILINESTRING', 'MULTIPOLYGON') THEN
-        facts := _inspect_geometry(ST_AsBinary($2), true, 4326, NULL);
+        ewkb := ST_AsEWKB($2);
+        facts := _inspect_geometry(ewkb, true, 4326, NULL);
         IF NOT facts.antimeridian AND (ST_IsValidDetail($2)).valid THEN
             p := ST_PointOnSurface($2);
             v_res := facts.h3_resolution;
@@ -632,7 +635,7 @@ BEGIN
                SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
                    previous_routing_point = s.routing_point, previous_bbox = s.bbox,
                    routing_key = new_key, h3_resolution = v_res, routing_point = ARRAY[ST_X(p), ST_Y(p)],
-                   bbox = facts.bbox, geometry_digest = md5(ST_AsEWKB($2))::uuid, properties_digest = md5('()')::uuid,
+                   bbox = facts.bbox, geometry_digest = _md5_uuid(ewkb), properties_digest = md5('()')::uuid,
                    version = s.version + 1, last_event = 'moved'
              WHERE s.layer = 'features' AND s.feature_id = $1 AND s.version IS NOT NULL
             RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
