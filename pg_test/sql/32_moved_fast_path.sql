@@ -38,21 +38,11 @@ SELECT count(*) AS traced FROM feature_outbox.outbox WHERE traceparent IS NOT NU
 -- Rows of feature a that differ from feature b's, other than in their id: none, for each pair.
 CREATE FUNCTION differ(a bigint, b bigint) RETURNS TABLE (rows text, differ bigint) LANGUAGE sql AS $$
 SELECT 'outbox', count(*) FROM (
-    (SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
-       FROM feature_outbox.outbox WHERE feature_id = a
-     EXCEPT ALL
-     SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
-       FROM feature_outbox.outbox WHERE feature_id = b)
-    UNION ALL
-    (SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
-       FROM feature_outbox.outbox WHERE feature_id = b
-     EXCEPT ALL
-     SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
-            properties_digest, origin, schema_version, feature_key, traceparent, tracestate
-       FROM feature_outbox.outbox WHERE feature_id = a)) d
+    SELECT feature_version, event_type, routing_key, previous_routing_key, layer, previous_bbox, geometry_digest,
+           properties_digest, origin, schema_version, feature_key, traceparent, tracestate
+      FROM feature_outbox.outbox WHERE feature_id IN (a, b)
+     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+    HAVING count(*) FILTER (WHERE feature_id = a) <> count(*) FILTER (WHERE feature_id = b)) d
 UNION ALL
 SELECT 'state', count(*) FROM (
     SELECT routing_key, h3_resolution, routing_point, bbox, previous_routing_key, previous_h3_resolution,
