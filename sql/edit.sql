@@ -161,7 +161,7 @@ BEGIN
         SELECT r.tbl, r.id_column, r.geometry_column, r.version_column, r.properties, r.retired_column, r.srid,
                r.geometry_type, r.id_type,
                EXISTS (SELECT 1 FROM feature_state s WHERE s.layer = p_layer AND s.feature_id = p_feature_id) AS has_state,
-               EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = p_layer) AS expires
+               _layer_expires(p_layer) AS expires
           INTO lay FROM layer_registry r WHERE r.layer = p_layer;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'layer % is not registered', coalesce(quote_literal(p_layer), 'NULL') USING ERRCODE = '42704',
@@ -312,7 +312,7 @@ BEGIN
             )
             INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, layer, geometry_digest, properties_digest)
             SELECT p_feature_id, f.version, 'created', new_key, 'features', v_digest, md5('()')::uuid FROM f
-            RETURNING feature_version, EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = 'features')
+            RETURNING feature_version, _layer_expires('features')
                  INTO new_version, expires;
             IF new_version IS NULL THEN
                 SELECT f.retired_at INTO old_retired FROM features f WHERE f.id = p_feature_id;
@@ -374,7 +374,7 @@ BEGIN
                                             previous_bbox, geometry_digest, properties_digest)
                         VALUES (p_feature_id, new_version, p_event_type, coalesce(new_key, prev_key), prev_key, 'features',
                                 prev_bbox, st_gd, st_pd)
-                        RETURNING EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = 'features') INTO expires;
+                        RETURNING _layer_expires('features') INTO expires;
                         EXIT;
                     END IF;
                 END IF;
@@ -612,7 +612,6 @@ DECLARE
     st_gd uuid;
     st_pd uuid;
     new_version integer;
-    expires boolean;
 BEGIN
     -- The edit most applications make most: a valid EPSG:4326 shape moved. Here it takes _edit's own
     -- steps for that case (same checks, same statements, same rows), without _edit's second call,
@@ -652,9 +651,8 @@ BEGIN
                 IF FOUND THEN
                     INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer,
                                         previous_bbox, geometry_digest, properties_digest)
-                    VALUES ($1, new_version, 'moved', new_key, prev_key, 'features', prev_bbox, st_gd, st_pd)
-                    RETURNING EXISTS (SELECT 1 FROM expire_rules e WHERE e.layer = 'features') INTO expires;
-                    IF expires THEN
+                    VALUES ($1, new_version, 'moved', new_key, prev_key, 'features', prev_bbox, st_gd, st_pd);
+                    IF _layer_expires('features') THEN
                         PERFORM _tile_keep(currval('outbox_id_seq'), ST_AsBinary($2), 'features', $1, 'moved', md5('()')::uuid);
                     END IF;
                     IF _wake_relay_for($1) IS NULL THEN END IF;

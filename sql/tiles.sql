@@ -42,6 +42,18 @@ CREATE TABLE IF NOT EXISTS expire_rules (
 );
 COMMENT ON TABLE expire_rules IS 'Which layers expire tiles into which output, and how (osm2pgsql''s mode, buffer, full_area_limit, diff_expire).';
 SELECT pg_catalog.pg_extension_config_dump('expire_rules', '');
+-- Each backend keeps the set of layers with a rule (_layer_expires, src/tiles/rule_cache.rs), which
+-- every edit asks for; any write to the table, cascades included, tells every backend to read it again.
+CREATE OR REPLACE FUNCTION _expire_rules_touched() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM _expire_rules_changed();
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER expire_rules_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON expire_rules
+    FOR EACH STATEMENT EXECUTE FUNCTION _expire_rules_touched();
 
 -- The last shape of each feature of a layer with an output, so that the next edit (record_edit's
 -- too, whose row is already written) knows its old side.

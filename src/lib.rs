@@ -108,6 +108,7 @@ extension_sql_file!(
         tiles::functions::_tiles_touched,
         tiles::functions::_tiles_changed,
         tiles::functions::_expire_rule_check,
+        tiles::rule_cache::_expire_rules_changed,
         relay_state::_wake_relay_at_commit
     ]
 );

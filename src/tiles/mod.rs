@@ -10,6 +10,7 @@ pub mod functions;
 pub mod http_post;
 pub mod list;
 pub mod mercator;
+pub mod rule_cache;
 pub mod shape;
 
 use cover::{Collector, Scratch, cover_in, shape_bounds};
