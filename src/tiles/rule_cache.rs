@@ -52,8 +52,9 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
 /// Whether `layer` is attached to at least one expire output (a row of expire_rules): the same
 /// answer as `EXISTS (SELECT 1 FROM expire_rules WHERE layer = $1)` under READ COMMITTED, from a
 /// set read once per backend and kept until expire_rules changes (see the module's comment).
-/// Errors: none of its own (the read is a plain SELECT of expire_rules).
-#[pg_extern(stable, parallel_safe)]
+/// Errors: none of its own (the read is a plain SELECT of expire_rules). Parallel unsafe: the read
+/// takes a fresh snapshot, which a parallel query's leader may not.
+#[pg_extern(stable, parallel_unsafe)]
 fn _layer_expires(layer: &str) -> bool {
     if !CALLBACK.with(|c| c.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0usize)) };
