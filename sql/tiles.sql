@@ -54,6 +54,8 @@ END
 $$;
 CREATE OR REPLACE TRIGGER expire_rules_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON expire_rules
     FOR EACH STATEMENT EXECUTE FUNCTION _expire_rules_touched();
+-- Also under session_replication_role = replica (logical replication's apply, restore tools).
+ALTER TABLE expire_rules ENABLE ALWAYS TRIGGER expire_rules_changed;
 
 -- The last shape of each feature of a layer with an output, so that the next edit (record_edit's
 -- too, whose row is already written) knows its old side.

@@ -10,6 +10,8 @@
 //! in the invalidations sent so far (AcceptInvalidationMessages, a flag test when there are none),
 //! so a rule counts from the first edit after its transaction committed, as the subquery's fresh
 //! snapshot had it, and this transaction's own change from its next command (rolled back with it).
+//! (A commit is visible a moment before its invalidation is sent: an edit in that moment is
+//! treated as if made just before the commit.) The trigger fires in replica mode too.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -49,9 +51,10 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     }
 }
 
-/// Whether `layer` is attached to at least one expire output (a row of expire_rules): the same
-/// answer as `EXISTS (SELECT 1 FROM expire_rules WHERE layer = $1)` under READ COMMITTED, from a
-/// set read once per backend and kept until expire_rules changes (see the module's comment).
+/// Whether `layer` is attached to at least one expire output (a row of expire_rules): the answer
+/// `EXISTS (SELECT 1 FROM expire_rules WHERE layer = $1)` gives in a statement starting now under
+/// READ COMMITTED (under REPEATABLE READ too: the set is shared by the backend's transactions), from
+/// a set read once per backend and kept until expire_rules changes (see the module's comment).
 /// Errors: none of its own (the read is a plain SELECT of expire_rules). Parallel unsafe: the read
 /// takes a fresh snapshot, which a parallel query's leader may not.
 #[pg_extern(stable, parallel_unsafe)]
@@ -79,24 +82,38 @@ fn _layer_expires(layer: &str) -> bool {
     // Counted before the snapshot the read takes: a rule committed after that snapshot sends its
     // invalidation later, which then stops the read from being kept (or clears it at the next call).
     let before = GENERATION.with(|g| g.get());
-    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
-    let read = Spi::connect(|client| {
-        client
-            .select("SELECT DISTINCT r.layer FROM feature_outbox.expire_rules r", None, &[])?
-            .map(|row| row.get::<String>(1))
-            .collect::<Result<Vec<_>, _>>()
-    });
-    unsafe { pg_sys::PopActiveSnapshot() };
-    let layers: HashSet<String> = read
-        .unwrap_or_else(|e| error!("reading feature_outbox.expire_rules: {e}"))
-        .into_iter()
-        .flatten()
-        .collect();
+    let layers = read_layers();
     let found = layers.contains(layer);
     if GENERATION.with(|g| g.get()) == before {
         LAYERS.with(|l| l.replace(Some((relid, layers))));
     }
     found
+}
+
+/// The layers of expire_rules as committed now (and as this transaction changed them), whatever the
+/// caller's isolation level: the set outlives the transaction, so it is read as a catalog is,
+/// under the latest snapshot. Read-only SPI uses the pushed snapshot as it is; pgrx's select would
+/// run read-write once the transaction has an xid, taking the transaction's own snapshot instead
+/// (a REPEATABLE READ caller's old one would then be kept for the backend's life).
+fn read_layers() -> HashSet<String> {
+    let query = c"SELECT DISTINCT r.layer FROM feature_outbox.expire_rules r";
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
+    let layers = Spi::connect(|_client| unsafe {
+        let rc = pg_sys::SPI_execute(query.as_ptr(), true, 0);
+        if rc != pg_sys::SPI_OK_SELECT as i32 {
+            error!("reading feature_outbox.expire_rules: SPI_execute returned {rc}");
+        }
+        let table = pg_sys::SPI_tuptable;
+        (0..pg_sys::SPI_processed as usize)
+            .filter_map(|i| {
+                let mut isnull = false;
+                let datum = pg_sys::SPI_getbinval(*(*table).vals.add(i), (*table).tupdesc, 1, &mut isnull);
+                String::from_datum(datum, isnull)
+            })
+            .collect()
+    });
+    unsafe { pg_sys::PopActiveSnapshot() };
+    layers
 }
 
 /// Sends a relcache invalidation for expire_rules, so that every backend's `_layer_expires` reads
