@@ -14,6 +14,7 @@ mod edit;
 mod event;
 mod event_origin;
 mod outbox_check;
+mod own_schema;
 mod geojson;
 mod input_error;
 mod launcher;

@@ -504,13 +504,7 @@ pub fn low_water() -> i64 {
 
 /// OID of feature_outbox.outbox, or 0 (two syscache lookups).
 pub fn outbox_relid() -> u32 {
-    unsafe {
-        let ns = pg_sys::get_namespace_oid(c"feature_outbox".as_ptr(), true);
-        if ns == pg_sys::InvalidOid {
-            return 0;
-        }
-        pg_sys::get_relname_relid(c"outbox".as_ptr(), ns).to_u32()
-    }
+    crate::own_schema::relid(c"outbox").to_u32()
 }
 
 /// Called by retry_parked(): when this transaction commits (its unparked rows then visible), the

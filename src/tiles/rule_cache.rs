@@ -27,15 +27,9 @@ thread_local! {
     static CALLBACK: Cell<bool> = const { Cell::new(false) };
 }
 
-/// expire_rules' OID in the extension's schema (pinned by the control file), or InvalidOid.
+/// expire_rules' OID, or InvalidOid.
 fn expire_rules_relid() -> pg_sys::Oid {
-    unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"feature_outbox".as_ptr(), true);
-        if nsp == pg_sys::InvalidOid {
-            return pg_sys::InvalidOid;
-        }
-        pg_sys::get_relname_relid(c"expire_rules".as_ptr(), nsp)
-    }
+    crate::own_schema::relid(c"expire_rules")
 }
 
 /// Relcache callback: expire_rules changed (or every relation did, after a cache reset).
