@@ -598,72 +598,14 @@ COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: GeoJSON '
     'geometry (RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | updated | retired. Returns the new version.';
 
+-- The geometry form: a C entry point (src/edit/entry.rs) that runs the edit most applications make
+-- most, a valid EPSG:4326 shape moved, itself (src/edit/moved.rs: _edit's steps for that case, with
+-- the same checks, statements and rows, without a PL/pgSQL call and its pinned search_path; issue
+-- 51), as the extension's owner, and hands anything else to _edit. Regression test
+-- 32_moved_fast_path holds both paths' rows equal.
 CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-DECLARE
-    ewkb bytea;            -- the shape's EWKB: the Rust pass reads it, the geometry digest hashes it
-    facts geometry_facts;
-    p geometry;            -- the routing point
-    v_res integer;
-    new_key text;
-    prev_key text;
-    prev_bbox float8[];
-    st_gd uuid;
-    st_pd uuid;
-    new_version integer;
-BEGIN
-    -- The edit most applications make most: a valid EPSG:4326 shape moved. Here it takes _edit's own
-    -- steps for that case (same checks, same statements, same rows), without _edit's second call,
-    -- its second pinned search_path and its forty variables; one EWKB serves the Rust pass and the
-    -- geometry digest, hashed in Rust (_md5_uuid: md5()'s value without OpenSSL's set-up). Issue
-    -- 51, bench/edit_bench.py. Any other case, and whatever this path finds nothing to write for
-    -- (a missing, retired or pre-0.3.0 feature), is _edit's, which raises the error that fits.
-    -- Regression test 32_moved_fast_path holds both paths' rows equal.
-    IF $3 = 'moved' AND $1 IS NOT NULL AND NOT ST_IsEmpty($2) AND ST_SRID($2) = 4326
-       AND GeometryType($2) IN ('POINT', 'LINESTRING', 'POLYGON', 'MULTIPOINT', 'MULTILINESTRING', 'MULTIPOLYGON') THEN
-        ewkb := ST_AsEWKB($2);
-        facts := _inspect_geometry(ewkb, true, 4326, NULL);
-        IF NOT facts.antimeridian AND (ST_IsValidDetail($2)).valid THEN
-            p := ST_PointOnSurface($2);
-            v_res := facts.h3_resolution;
-            new_key := _h3_cell(ST_X(p), ST_Y(p), v_res);
-            -- As _edit: the state row first (its lock orders the feature's edits), then the feature,
-            -- then the outbox row.
-            UPDATE feature_state s
-               SET previous_routing_key = s.routing_key, previous_h3_resolution = s.h3_resolution,
-                   previous_routing_point = s.routing_point, previous_bbox = s.bbox,
-                   routing_key = new_key, h3_resolution = v_res, routing_point = ARRAY[ST_X(p), ST_Y(p)],
-                   bbox = facts.bbox, geometry_digest = _md5_uuid(ewkb), properties_digest = md5('()')::uuid,
-                   version = s.version + 1, last_event = 'moved'
-             WHERE s.layer = 'features' AND s.feature_id = $1 AND s.version IS NOT NULL
-            RETURNING CASE WHEN s.previous_h3_resolution = v_res THEN s.previous_routing_key
-                           ELSE _h3_cell(s.previous_routing_point[1], s.previous_routing_point[2], v_res)
-                      END,
-                      s.previous_bbox, s.geometry_digest, s.properties_digest
-                 INTO prev_key, prev_bbox, st_gd, st_pd;
-            IF FOUND THEN
-                UPDATE features f SET geom = $2, version = f.version + 1, updated_at = now(), retired_at = NULL
-                 WHERE f.id = $1 AND f.retired_at IS NULL
-                RETURNING f.version INTO new_version;
-                -- Not found: the feature is retired or gone. _edit below finds the same under the
-                -- state row's lock, which this transaction holds, and raises; that undoes this update.
-                IF FOUND THEN
-                    INSERT INTO outbox (feature_id, feature_version, event_type, routing_key, previous_routing_key, layer,
-                                        previous_bbox, geometry_digest, properties_digest)
-                    VALUES ($1, new_version, 'moved', new_key, prev_key, 'features', prev_bbox, st_gd, st_pd);
-                    IF _layer_expires('features') THEN
-                        PERFORM _tile_keep(currval('outbox_id_seq'), ST_AsBinary($2), 'features', $1, 'moved', md5('()')::uuid);
-                    END IF;
-                    IF _wake_relay_for($1) IS NULL THEN END IF;
-                    RETURN new_version;
-                END IF;
-            END IF;
-        END IF;
-    END IF;
-    RETURN _edit('features', $1, $2, $3, NULL, NULL, false);
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_built_in_geometry';
 COMMENT ON FUNCTION edit_feature(bigint, geometry, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: any known '
     'SRID, transformed to 4326; event_type: created | moved | updated | retired. Returns the new version.';

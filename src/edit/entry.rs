@@ -93,9 +93,20 @@ macro_rules! origin {
     };
 }
 
+/// An entry point's first try, `first <path>` after its return type: a fn that may answer the call
+/// itself (`moved::try_moved`) before the body runs. None: the body.
+macro_rules! first {
+    () => {
+        None
+    };
+    ($first:path) => {
+        Some($first)
+    };
+}
+
 /// Declares each entry point: its finfo and C symbol, and its row of `ENTRIES`, from one line.
 macro_rules! entry_points {
-    ($($finfo:ident $symbol:ident $signature:literal -> $returns:ident $(@ $origin:ident)?: $body:literal;)*) => {
+    ($($finfo:ident $symbol:ident $signature:literal -> $returns:ident $(@ $origin:ident)? $(first $first:path)?: $body:literal;)*) => {
         /// Every C entry point of the current SQL (sql/*.sql), with what it runs. Read by the test
         /// that holds the catalog to it.
         #[allow(dead_code)]
@@ -127,16 +138,20 @@ macro_rules! entry_points {
                     nargs: arity($signature),
                     origin: origin!($($origin)?),
                 };
-                unsafe { run(fcinfo, &ENTRY) }
+                unsafe { run(fcinfo, &ENTRY, first!($($first)?)) }
             }
         )*
     };
 }
 
-// A layer keyed by uuid or text goes through _edit_key and _record_edit_key, which find the
+// The built-in layer's geometry form tries the built-in move first (moved.rs), then _edit. A layer
+// keyed by uuid or text goes through _edit_key and _record_edit_key, which find the
 // feature's number for its key. The GeoJSON forms hand _edit the parsed EWKB. `@ Resync`: the
 // events its body writes say so (src/event_origin.rs).
 entry_points! {
+    pg_finfo_feature_outbox_edit_built_in_geometry feature_outbox_edit_built_in_geometry
+        "edit_feature(bigint, geometry, text)" -> Integer first super::moved::try_moved:
+        "SELECT feature_outbox._edit('features', $1, $2, $3, NULL, NULL, false)";
     pg_finfo_feature_outbox_edit_geojson feature_outbox_edit_geojson
         "edit_feature(text, bigint, text, text, jsonb)" -> Integer:
         "SELECT feature_outbox._edit($1, $2, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)";
@@ -187,9 +202,14 @@ entry_points! {
         "SELECT feature_outbox.__capture_rows($1, $2, $3)";
 }
 
-/// Runs `entry` for the call `fcinfo`. A declaration that does not match the entry (a SQL function
-/// bound to the wrong symbol) raises XX000 instead of reading its arguments or result as another's.
-unsafe fn run(fcinfo: pg_sys::FunctionCallInfo, entry: &Entry) -> pg_sys::Datum {
+/// An entry point's first try: the call's result, or None for its body to run.
+type First = unsafe fn(pg_sys::FunctionCallInfo, &Declared) -> Option<pg_sys::Datum>;
+
+/// Runs `entry` for the call `fcinfo`: `first` when it has one, as the function's owner with the
+/// calling role recorded, then its body unless `first` answered. A declaration that does not match
+/// the entry (a SQL function bound to the wrong symbol) raises XX000 instead of reading its
+/// arguments or result as another's.
+unsafe fn run(fcinfo: pg_sys::FunctionCallInfo, entry: &Entry, first: Option<First>) -> pg_sys::Datum {
     unsafe {
         let declared = Declared::of((*(*fcinfo).flinfo).fn_oid);
         if declared.returns != entry.returns.oid() || declared.types.len() != entry.nargs {
@@ -200,6 +220,14 @@ unsafe fn run(fcinfo: pg_sys::FunctionCallInfo, entry: &Entry) -> pg_sys::Datum 
             )
             .set_hint("Update the extension: ALTER EXTENSION feature_outbox UPDATE.")
             .report(PgLogLevel::ERROR);
+        }
+        if let Some(first) = first {
+            let caller = roles::current();
+            let _calling = Calling::push(caller);
+            let _owner = As::enter(declared.owner, caller.context, 0);
+            if let Some(result) = first(fcinfo, &declared) {
+                return result;
+            }
         }
         match entry.origin {
             Some(origin) => event_origin::with(origin, || call(fcinfo, entry.body, &declared, entry.returns)),
@@ -244,12 +272,13 @@ pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCal
 }
 
 /// A function as pg_proc declares it.
-struct Declared {
+pub(super) struct Declared {
     name: String,
     /// Its owner: the extension's owner, who created it.
     owner: pg_sys::Oid,
     returns: pg_sys::Oid,
-    types: Vec<pg_sys::Oid>,
+    /// Its argument types (PostGIS's geometry among them, whose OID no constant gives).
+    pub(super) types: Vec<pg_sys::Oid>,
 }
 
 impl Declared {
@@ -369,7 +398,7 @@ mod tests {
     /// edit_feature and record_edit overload, is an entry point
     /// bound to the symbol its entry names; every entry has its SQL function, declared with the
     /// entry's return type; and each body prepares with the function's argument types and returns
-    /// that type. The built-in layer's two edit_feature forms are PL/pgSQL, calling _edit.
+    /// that type. The built-in layer's GeoJSON form is PL/pgSQL, calling _edit.
     #[pg_test]
     fn every_entry_point_runs_what_its_entry_says() {
         // Signatures as the table writes them: unqualified, PostGIS's types included.
@@ -402,7 +431,7 @@ mod tests {
                 })
                 .collect()
         });
-        let built_in = ["edit_feature(bigint,text,text)", "edit_feature(bigint,geometry,text)"];
+        let built_in = ["edit_feature(bigint,text,text)"];
         for name in built_in {
             let f = catalog.get(name).unwrap_or_else(|| panic!("{name} is missing"));
             assert!(f.language == "plpgsql" && f.source.contains("_edit('features', "), "{name} no longer calls _edit");

@@ -18,6 +18,8 @@ pub mod inspect;
 pub mod layers;
 mod polar;
 pub mod entry;
+mod moved;
+mod postgis;
 
 pub(crate) fn ok_or_report<T>(r: Result<T, InputError>, funcname: &'static str) -> T {
     match r {

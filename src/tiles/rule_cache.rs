@@ -52,7 +52,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
 /// Errors: none of its own (the read is a plain SELECT of expire_rules). Parallel unsafe: the read
 /// takes a fresh snapshot, which a parallel query's leader may not.
 #[pg_extern(stable, parallel_unsafe)]
-fn _layer_expires(layer: &str) -> bool {
+pub(crate) fn _layer_expires(layer: &str) -> bool {
     if !CALLBACK.with(|c| c.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0usize)) };
     }
