@@ -53,20 +53,22 @@ STATE = """UPDATE feature_outbox.feature_state s
 # inclusive counts add up to it. Names of 0.3.0 and 0.4.0 too, so that their trees compare.
 STEPS = [
     ("client statement: parse, plan", [r"pg_parse_query", r"pg_analyze_and_rewrite_fixedparams", r"pg_plan_queries"]),
-    ("Rust pass (_inspect_geometry)", [r"_inspect_geometry(_facts)?_wrapper"]),
-    ("H3 (_h3_cell)", [r"_h3_cell_wrapper"]),
+    # The Rust steps by their own function (not inlined), which the SQL wrappers and the built-in
+    # move's Rust path (src/edit/moved.rs) both call.
+    ("Rust pass (_inspect_geometry)", [r"feature_outbox::edit::inspect_edit"]),
+    ("H3 (_h3_cell)", [r"feature_outbox::edit::_h3_cell"]),
     ("validity (GEOS)", [r"isvaliddetail", r"isvalid"]),
     ("made-valid copy of invalid shapes", [r"ST_MakeValid"]),
     ("point on surface", [r"pointonsurface"]),
     ("state row (prepared floor + state - prepared floor)", None),
-    ("digests (md5 of the EWKB)", [r"md5_bytea", r"WKBFromLWGEOM"]),
+    ("digests (md5 of the EWKB)", [r"md5_bytea", r"WKBFromLWGEOM", r"feature_outbox::edit::digest::md5_bytes"]),
     ("outbox CHECKs", [r"ExecConstraints"]),
     ("SECURITY DEFINER, pinned search_path", [r"ProcessGUCArray", r"AtEOXact_GUC", r"NewGUCNestLevel"]),
     ("identity (calling role)", [r"feature_outbox::roles::.*", r"feature_outbox::edit::layers::as_caller"]),
     ("user layer's row write (_layer_write_row)", [r"_layer_write_row(_composite)?_wrapper"]),
     ("trace capture (_traceparent, _tracestate)", [r"_traceparent_wrapper", r"_tracestate_wrapper"]),
     ("origin (_event_origin)", [r"feature_outbox_event_origin"]),
-    ("wake-up (_wake_relay_for, at commit)", [r"_wake_relay_for_wrapper", r"feature_outbox::relay_state::wake_at_end",
+    ("wake-up (_wake_relay_for, at commit)", [r"feature_outbox::relay_state::_wake_relay_for", r"feature_outbox::relay_state::wake_at_end",
                                               r"pgrx::callbacks::register_xact_callback::callback"]),
     ("PL/pgSQL expressions, set up per transaction", [r"ExecInitExprWithParams"]),
     ("executor start and end, every statement", [r"ExecutorStart", r"ExecutorEnd"]),

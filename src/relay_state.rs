@@ -450,6 +450,7 @@ pub fn partition_of(feature_id: i64, workers: usize) -> usize {
 /// Called by edit_feature for each edit: when this transaction commits, set the latch of the relay
 /// worker that owns `feature_id` (and only that one), unless feature_outbox.wake_at_commit is off.
 #[pg_extern(volatile, parallel_unsafe)]
+#[inline(never)] // a step of its own in bench/edit_steps.py
 pub(crate) fn _wake_relay_for(feature_id: i64) {
     if !ready() || !crate::settings::WAKE_AT_COMMIT.get() {
         return;

@@ -120,6 +120,7 @@ fn _inspect_geometry(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&st
     vec![crosses, f64::from(pole(&facts)), west, south, east, north, f64::from(resolution)]
 }
 
+#[inline(never)] // a step of its own in bench/edit_steps.py
 fn inspect_edit(wkb: &[u8], lonlat: bool, source_srid: i32, crs: Option<&str>) -> (inspect::Facts, i32) {
     let area = crs.and_then(area_of_use::lookup);
     let rules = inspect::Rules {
@@ -165,6 +166,7 @@ fn _close_polar_caps(wkb: &[u8]) -> Vec<u8> {
 /// of a feature across the antimeridian, is wrapped back to [-180, 180]. Raises 22023 for a
 /// non-finite point and 22003 for one out of range.
 #[pg_extern(immutable, strict, parallel_safe)]
+#[inline(never)] // a step of its own in bench/edit_steps.py
 fn _h3_cell(lon: f64, lat: f64, resolution: i32) -> String {
     let lon = if lon > 180.0 { lon - 360.0 } else { lon };
     let res = ok_or_report(routing::resolution_of(resolution), "edit_feature");
