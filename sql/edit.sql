@@ -587,24 +587,18 @@ BEGIN
 END
 $$;
 
+-- The built-in layer's two forms, GeoJSON text and geometry: C entry points (src/edit/entry.rs) that
+-- run the edit most applications make most, a valid EPSG:4326 shape moved, themselves
+-- (src/edit/moved.rs: _edit's steps for that case, with the same checks, statements and rows,
+-- without a PL/pgSQL call and its pinned search_path; issue 51), as the extension's owner, and hand
+-- anything else to _edit. Regression test 32_moved_fast_path holds both paths' rows equal.
 CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry text, event_type text) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
-DECLARE
-    wkb bytea := _geojson_to_ewkb($2);
-BEGIN
-    RETURN _edit('features', $1, ST_GeomFromEWKB(wkb), $3, wkb, NULL, false);
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'feature_outbox_edit_built_in_geojson';
 COMMENT ON FUNCTION edit_feature(bigint, text, text) IS
     'Writes an edit of the built-in layer features and its outbox row in the caller''s transaction. geometry: GeoJSON '
     'geometry (RFC 7946, WGS84 unless crs says otherwise); event_type: created | moved | updated | retired. Returns the new version.';
 
--- The geometry form: a C entry point (src/edit/entry.rs) that runs the edit most applications make
--- most, a valid EPSG:4326 shape moved, itself (src/edit/moved.rs: _edit's steps for that case, with
--- the same checks, statements and rows, without a PL/pgSQL call and its pinned search_path; issue
--- 51), as the extension's owner, and hands anything else to _edit. Regression test
--- 32_moved_fast_path holds both paths' rows equal.
 CREATE OR REPLACE FUNCTION edit_feature(feature_id bigint, geometry geometry, event_type text) RETURNS integer
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'feature_outbox_edit_built_in_geometry';

@@ -28,8 +28,8 @@ SELECT t, o, feature_outbox._outbox_values_valid(t, o)
 SELECT column_name FROM information_schema.columns
  WHERE table_schema = 'feature_outbox' AND table_name = 'backlog' ORDER BY ordinal_position;
 
--- edit_feature: no EXECUTE for PUBLIC; the built-in GeoJSON form is SECURITY DEFINER with a pinned
--- search_path, the others are C entry points that run as the owner (src/edit/entry.rs), with no SET.
+-- edit_feature: no EXECUTE for PUBLIC; every form is a C entry point that runs as the owner
+-- (src/edit/entry.rs), with no SET clause (33_hostile_search_path).
 SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer,
        p.proconfig AS config, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
   FROM pg_proc p WHERE p.proname = 'edit_feature' ORDER BY 1::text;

@@ -1,6 +1,6 @@
--- edit_feature(id, geometry, 'moved') writes a valid EPSG:4326 move of the built-in layer in its own
--- statements (reading the shape's EWKB); the GeoJSON form (EWKB too) and the layer form naming
--- 'features' (ISO WKB) go through _edit, as does every other case. All must write the same rows:
+-- edit_feature(id, geometry, 'moved') and its GeoJSON form write a valid EPSG:4326 move of the
+-- built-in layer in Rust (src/edit/moved.rs, reading the shape's EWKB); the layer form naming
+-- 'features' (ISO WKB) goes through _edit, as does every other case. All must write the same rows:
 -- features 1, 2 and 3 take each move in those three forms, and everything but the feature's id
 -- must match (the outbox rows, the state row, the feature, the tiles queued for an expire output).
 -- The moves are of several shapes (a point, a city-sized polygon, one with a hole, a line, with

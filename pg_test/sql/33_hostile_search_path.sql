@@ -1,4 +1,4 @@
--- edit_feature(id, geometry, 'moved') runs the built-in move in Rust as the extension's owner,
+-- edit_feature(id, geometry | GeoJSON, 'moved') runs the built-in move in Rust as the extension's owner,
 -- without a pinned search_path (src/edit/moved.rs): every table, function and operator in its
 -- statements is qualified and PostGIS is called by OID. So a caller's own schema put ahead of
 -- pg_catalog, and temporary tables named as the extension's, take no part in it, also when its
@@ -6,7 +6,8 @@
 -- when it runs, which would fail the edit.
 CREATE ROLE regress_hostile LOGIN;
 GRANT USAGE ON SCHEMA feature_outbox TO regress_hostile;
-GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(bigint, geometry, text) TO regress_hostile;
+GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(bigint, geometry, text),
+                          feature_outbox.edit_feature(bigint, text, text) TO regress_hostile;
 DO $$ BEGIN EXECUTE format('GRANT CREATE, TEMPORARY ON DATABASE %I TO regress_hostile', current_database()); END $$;
 SELECT feature_outbox.edit_feature(3301, 'SRID=4326;POINT(10 50)'::geometry, 'created');
 SELECT feature_outbox.edit_feature(3302, 'SRID=4326;POLYGON((10 50, 11 50, 11 51, 10 51, 10 50))'::geometry, 'created');
@@ -37,8 +38,10 @@ SELECT try($$SELECT now()$$);
 SELECT feature_outbox.edit_feature(3301, 'SRID=4326;POINT(10.5 50.5)'::geometry, 'moved') AS point_version;
 SELECT feature_outbox.edit_feature(3302, 'SRID=4326;POLYGON((12 50, 13 50, 13 51, 12 51, 12 50))'::geometry, 'moved') AS polygon_version;
 SELECT feature_outbox.edit_feature(3301, 'SRID=4326;POINT(10.6 50.6)'::geometry, 'moved') AS point_version;
+SELECT feature_outbox.edit_feature(3302, '{"type":"Polygon","coordinates":[[[14,50],[15,50],[15,51],[14,50]]]}', 'moved') AS polygon_version;
 -- A move the Rust path hands to _edit (a missing feature), under the same path.
 SELECT try($$SELECT feature_outbox.edit_feature(3399, 'SRID=4326;POINT(10 50)'::geometry, 'moved')$$);
+SELECT try($$SELECT feature_outbox.edit_feature(3399, '{"type":"Point","coordinates":[10,50]}', 'moved')$$);
 SELECT count(*) AS temp_rows FROM (SELECT 1 FROM pg_temp.features UNION ALL SELECT 1 FROM pg_temp.feature_state
                                    UNION ALL SELECT 1 FROM pg_temp.outbox) t;
 RESET search_path;

@@ -1,4 +1,5 @@
-//! The built-in move: `edit_feature(id, geometry, 'moved')` of a valid, non-empty EPSG:4326 Point,
+//! The built-in move: `edit_feature(id, geometry, 'moved')` (and its GeoJSON form, whose text is
+//! parsed here first) of a valid, non-empty EPSG:4326 Point,
 //! LineString, Polygon or their Multi form that does not cross the antimeridian, the edit most
 //! applications make most, written here without `_edit` (issue 51).
 //!
@@ -74,10 +75,34 @@ const TILES: &str = "SELECT feature_outbox._tile_keep(
        pg_catalog.currval('feature_outbox.outbox_id_seq'::pg_catalog.regclass), $2, 'features', $1, 'moved', $3)";
 const TILES_TYPES: [pg_sys::Oid; 3] = [pg_sys::INT8OID, pg_sys::BYTEAOID, pg_sys::UUIDOID];
 
-/// The move `(feature_id, geometry, event_type)` of `fcinfo`, when it is the case above: its new
-/// version. Called by the entry point as the extension's owner. Raises what `_edit` raises for the
-/// same input on the same path (inspect's class-22 errors, H3's); None: `_edit`'s.
+/// The move `edit_feature(feature_id bigint, geometry geometry, event_type text)` of `fcinfo`, when
+/// it is the case above: its new version. Called by the entry point as the extension's owner.
+/// Raises what `_edit` raises for the same input on the same path (inspect's class-22 errors,
+/// H3's); None: `_edit`'s.
 pub(super) unsafe fn try_moved(fcinfo: pg_sys::FunctionCallInfo, declared: &Declared) -> Option<pg_sys::Datum> {
+    unsafe {
+        let id = moved_id(fcinfo)?;
+        move_shape(id, pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 1), declared.types[1])
+    }
+}
+
+/// The same for `edit_feature(feature_id bigint, geometry text, event_type text)`: the GeoJSON text
+/// parsed as `_geojson_to_ewkb` parses it (its errors, 22P02 and 22023, raised alike) and made a
+/// geometry by PostGIS's ST_GeomFromEWKB, of the type the built-in table stores.
+pub(super) unsafe fn try_moved_geojson(fcinfo: pg_sys::FunctionCallInfo, _declared: &Declared) -> Option<pg_sys::Datum> {
+    unsafe {
+        let id = moved_id(fcinfo)?;
+        let text = pgrx::fcinfo::pg_getarg::<&str>(fcinfo, 1)?;
+        let ewkb = super::ok_or_report(crate::geojson::to_ewkb(text), "edit_feature");
+        let geometry = features_geometry_type()?;
+        let geom = postgis::functions(geometry).from_ewkb(&ewkb);
+        move_shape(id, geom, geometry)
+    }
+}
+
+/// The feature id of a call `(feature_id, shape, event_type)` that may be the built-in move: none
+/// of the three NULL, and event_type 'moved'.
+unsafe fn moved_id(fcinfo: pg_sys::FunctionCallInfo) -> Option<i64> {
     unsafe {
         if (0..3).any(|i| pgrx::fcinfo::pg_arg_is_null(fcinfo, i)) {
             return None;
@@ -85,9 +110,25 @@ pub(super) unsafe fn try_moved(fcinfo: pg_sys::FunctionCallInfo, declared: &Decl
         if pgrx::fcinfo::pg_getarg::<&str>(fcinfo, 2) != Some("moved") {
             return None;
         }
-        let id = pgrx::fcinfo::pg_getarg::<i64>(fcinfo, 0)?;
-        let geom = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 1);
-        let pg = postgis::functions(declared.types[1]);
+        pgrx::fcinfo::pg_getarg::<i64>(fcinfo, 0)
+    }
+}
+
+/// The type of feature_outbox.features.geom: PostGIS's geometry, in whatever schema PostGIS is.
+fn features_geometry_type() -> Option<pg_sys::Oid> {
+    let relid = crate::own_schema::relid(c"features");
+    if relid == pg_sys::InvalidOid {
+        return None;
+    }
+    let typid = unsafe { pg_sys::get_atttype(relid, pg_sys::get_attnum(relid, c"geom".as_ptr())) };
+    (typid != pg_sys::InvalidOid).then_some(typid)
+}
+
+/// The built-in move of feature `id` to `geom` (a datum of PostGIS type `geometry`), when it is the
+/// case above.
+unsafe fn move_shape(id: i64, geom: pg_sys::Datum, geometry: pg_sys::Oid) -> Option<pg_sys::Datum> {
+    unsafe {
+        let pg = postgis::functions(geometry);
         if pg.is_empty(geom) {
             return None;
         }
@@ -132,8 +173,8 @@ pub(super) unsafe fn try_moved(fcinfo: pg_sys::FunctionCallInfo, declared: &Decl
                 _ => previous_key,
             };
 
-            let plan = prepared(client, FEATURE, &[pg_sys::INT8OID, declared.types[1]], true);
-            let args = [id.into(), DatumWithOid::new(geom, declared.types[1])];
+            let plan = prepared(client, FEATURE, &[pg_sys::INT8OID, geometry], true);
+            let args = [id.into(), DatumWithOid::new(geom, geometry)];
             let feature = client.update(&*plan, None, &args).unwrap_or_else(|e| error!("{e}"));
             // Not found: the feature is retired or gone. _edit finds the same under the state
             // row's lock, which this transaction holds, and raises; that undoes this update.

@@ -10,9 +10,10 @@ use std::ffi::CStr;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-/// PostGIS's functions of one `geometry` type (each of one geometry argument).
+/// PostGIS's functions of one `geometry` type.
 pub struct Postgis {
     geometry: pg_sys::Oid,
+    from_ewkb: *mut pg_sys::FmgrInfo,
     is_empty: *mut pg_sys::FmgrInfo,
     as_ewkb: *mut pg_sys::FmgrInfo,
     as_binary: *mut pg_sys::FmgrInfo,
@@ -43,6 +44,7 @@ unsafe fn find(geometry: pg_sys::Oid) -> Postgis {
         let one = |name: &CStr| function(schema, name, &[geometry]);
         Postgis {
             geometry,
+            from_ewkb: function(schema, c"st_geomfromewkb", &[pg_sys::BYTEAOID]),
             is_empty: one(c"st_isempty"),
             as_ewkb: one(c"st_asewkb"),
             as_binary: one(c"st_asbinary"),
@@ -100,6 +102,11 @@ unsafe fn bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
 }
 
 impl Postgis {
+    /// ST_GeomFromEWKB(ewkb): a geometry datum in the current memory context.
+    pub unsafe fn from_ewkb(&self, ewkb: &[u8]) -> pg_sys::Datum {
+        unsafe { call(self.from_ewkb, ewkb.into_datum().expect("a bytea datum")) }
+    }
+
     /// ST_IsEmpty(g).
     pub unsafe fn is_empty(&self, g: pg_sys::Datum) -> bool {
         unsafe { call(self.is_empty, g).value() & 0xff != 0 }
