@@ -224,6 +224,7 @@ unsafe fn run(fcinfo: pg_sys::FunctionCallInfo, entry: &Entry, first: Option<Fir
             .set_hint("Update the extension: ALTER EXTENSION feature_outbox UPDATE.")
             .report(PgLogLevel::ERROR);
         }
+        declared.refuse_read_only();
         if let Some(first) = first {
             let caller = roles::current();
             let _calling = Calling::push(caller);
@@ -254,6 +255,7 @@ pub extern "C" fn pg_finfo_feature_outbox_entry() -> &'static pg_sys::Pg_finfo_r
 pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
         let declared = Declared::of((*(*fcinfo).flinfo).fn_oid);
+        declared.refuse_read_only();
         let types = &declared.types;
         let params = (1..=types.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
         let keyed = matches!(types.get(1), Some(&pg_sys::TEXTOID) | Some(&pg_sys::UUIDOID));
@@ -300,6 +302,17 @@ impl Declared {
             };
             pg_sys::ReleaseSysCache(tuple);
             declared
+        }
+    }
+
+    /// Every entry point writes: in a read-only transaction (a hot standby's included) it raises
+    /// 25006, and in parallel mode 25000, as its statements would, before any of them runs. pgrx's
+    /// read-write SPI takes a transaction id first, which a standby refuses with XX000.
+    fn refuse_read_only(&self) {
+        let name = std::ffi::CString::new(self.name.as_str()).unwrap_or_default();
+        unsafe {
+            pg_sys::PreventCommandIfReadOnly(name.as_ptr());
+            pg_sys::PreventCommandIfParallelMode(name.as_ptr());
         }
     }
 }

@@ -92,7 +92,8 @@ pub(super) unsafe fn try_moved(fcinfo: pg_sys::FunctionCallInfo, declared: &Decl
 pub(super) unsafe fn try_moved_geojson(fcinfo: pg_sys::FunctionCallInfo, _declared: &Declared) -> Option<pg_sys::Datum> {
     unsafe {
         let id = moved_id(fcinfo)?;
-        let text = pgrx::fcinfo::pg_getarg::<&str>(fcinfo, 1)?;
+        // Text that is not UTF-8 (non-ASCII in a database of another encoding) is _edit's way.
+        let text = std::str::from_utf8(utf8_text(fcinfo, 1)?).ok()?;
         let ewkb = super::ok_or_report(crate::geojson::to_ewkb(text), "edit_feature");
         let geometry = features_geometry_type()?;
         let geom = postgis::functions(geometry).from_ewkb(&ewkb);
@@ -107,10 +108,26 @@ unsafe fn moved_id(fcinfo: pg_sys::FunctionCallInfo) -> Option<i64> {
         if (0..3).any(|i| pgrx::fcinfo::pg_arg_is_null(fcinfo, i)) {
             return None;
         }
-        if pgrx::fcinfo::pg_getarg::<&str>(fcinfo, 2) != Some("moved") {
+        if text_bytes(fcinfo, 2) != b"moved" {
             return None;
         }
         pgrx::fcinfo::pg_getarg::<i64>(fcinfo, 0)
+    }
+}
+
+/// The bytes of text argument `i` (not NULL), in the database's encoding.
+unsafe fn text_bytes<'a>(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> &'a [u8] {
+    unsafe {
+        let datum = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, i);
+        pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()))
+    }
+}
+
+/// Text argument `i` as UTF-8 bytes: always in a UTF8 database, in another only when ASCII.
+unsafe fn utf8_text<'a>(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<&'a [u8]> {
+    unsafe {
+        let bytes = text_bytes(fcinfo, i);
+        (pg_sys::GetDatabaseEncoding() == pg_sys::pg_enc::PG_UTF8 as i32 || bytes.is_ascii()).then_some(bytes)
     }
 }
 
@@ -163,14 +180,18 @@ unsafe fn move_shape(id: i64, geom: pg_sys::Datum, geometry: pg_sys::Oid) -> Opt
             let before = state.first();
             let previous_resolution = before.get::<i16>(1).ok().flatten();
             let previous_key = before.get::<String>(2).ok().flatten();
-            let previous_point = before.get::<Vec<f64>>(3).ok().flatten();
-            let previous_bbox = before.get::<Vec<f64>>(4).ok().flatten();
+            let previous_point = before.get::<Vec<Option<f64>>>(3).ok().flatten().unwrap_or_default();
+            let previous_bbox = before.get::<Vec<Option<f64>>>(4).ok().flatten();
             // The key before, at today's resolution (a change of feature_outbox.h3_resolution
-            // between two edits must not show as a move to another cell).
-            let previous_key = match (previous_resolution, previous_point.as_deref()) {
-                (Some(r), _) if i32::from(r) == resolution => previous_key,
-                (_, Some([lon, lat])) => Some(super::_h3_cell(*lon, *lat, resolution)),
-                _ => previous_key,
+            // between two edits must not show as a move to another cell): as _edit takes it,
+            // _h3_cell(point[1], point[2]), NULL when either is.
+            let previous_key = if previous_resolution.map(i32::from) == Some(resolution) {
+                previous_key
+            } else {
+                match (previous_point.first().copied().flatten(), previous_point.get(1).copied().flatten()) {
+                    (Some(lon), Some(lat)) => Some(super::_h3_cell(lon, lat, resolution)),
+                    _ => None,
+                }
             };
 
             let plan = prepared(client, FEATURE, &[pg_sys::INT8OID, geometry], true);
