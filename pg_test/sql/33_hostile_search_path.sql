@@ -7,7 +7,12 @@
 CREATE ROLE regress_hostile LOGIN;
 GRANT USAGE ON SCHEMA feature_outbox TO regress_hostile;
 GRANT EXECUTE ON FUNCTION feature_outbox.edit_feature(bigint, geometry, text),
-                          feature_outbox.edit_feature(bigint, text, text) TO regress_hostile;
+                          feature_outbox.edit_feature(bigint, text, text),
+                          feature_outbox.edit_feature(text, uuid, text, text, jsonb) TO regress_hostile;
+-- A layer keyed by uuid, whose entry points cast the key to text: the hostile role may edit it.
+CREATE TABLE public.sites (id uuid PRIMARY KEY, geom geometry(Point, 4326) NOT NULL, version integer NOT NULL DEFAULT 0);
+SELECT feature_outbox.register_layer('sites', 'public.sites');
+GRANT SELECT, INSERT, UPDATE ON public.sites TO regress_hostile;
 DO $$ BEGIN EXECUTE format('GRANT CREATE, TEMPORARY ON DATABASE %I TO regress_hostile', current_database()); END $$;
 SELECT feature_outbox.edit_feature(3301, 'SRID=4326;POINT(10 50)'::geometry, 'created');
 SELECT feature_outbox.edit_feature(3302, 'SRID=4326;POLYGON((10 50, 11 50, 11 51, 10 51, 10 50))'::geometry, 'created');
@@ -28,6 +33,10 @@ CREATE FUNCTION hostile.now() RETURNS timestamptz LANGUAGE plpgsql AS $$ BEGIN P
 CREATE FUNCTION hostile.currval(regclass) RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN PERFORM hostile.ran('currval()'); RETURN 0; END $$;
 CREATE FUNCTION hostile.st_pointonsurface(public.geometry) RETURNS public.geometry LANGUAGE plpgsql AS $$ BEGIN PERFORM hostile.ran('ST_PointOnSurface'); RETURN $1; END $$;
 CREATE FUNCTION hostile.st_isvaliddetail(public.geometry, integer DEFAULT 0) RETURNS public.valid_detail LANGUAGE plpgsql AS $$ BEGIN PERFORM hostile.ran('ST_IsValidDetail'); RETURN NULL; END $$;
+-- A type named text, in a schema of its own: a domain whose CHECK would run the role's code as
+-- whoever casts to it.
+CREATE SCHEMA hostile_types;
+CREATE DOMAIN hostile_types.text AS pg_catalog.text CHECK (hostile.ran('the domain text') IS NULL);
 CREATE TEMP TABLE features (id bigint, geom text, version integer, updated_at timestamptz, retired_at timestamptz);
 CREATE TEMP TABLE feature_state (layer text, feature_id bigint);
 CREATE TEMP TABLE outbox (id bigint);
@@ -42,6 +51,12 @@ SELECT feature_outbox.edit_feature(3302, '{"type":"Polygon","coordinates":[[[14,
 -- A move the Rust path hands to _edit (a missing feature), under the same path.
 SELECT try($$SELECT feature_outbox.edit_feature(3399, 'SRID=4326;POINT(10 50)'::geometry, 'moved')$$);
 SELECT try($$SELECT feature_outbox.edit_feature(3399, '{"type":"Point","coordinates":[10,50]}', 'moved')$$);
+-- The uuid layer's entry point, with that schema ahead of pg_catalog: its key is cast to
+-- pg_catalog's text.
+SET search_path = hostile_types, hostile, pg_catalog, public, feature_outbox;
+SELECT feature_outbox.edit_feature('sites', '6f1c1e5e-4d1b-4b8e-9d53-3c2a1b0e9f10'::uuid,
+                                   '{"type":"Point","coordinates":[10,50]}', 'created') AS site_version;
+SET search_path = hostile, pg_catalog, public, feature_outbox;
 SELECT count(*) AS temp_rows FROM (SELECT 1 FROM pg_temp.features UNION ALL SELECT 1 FROM pg_temp.feature_state
                                    UNION ALL SELECT 1 FROM pg_temp.outbox) t;
 RESET search_path;
@@ -58,7 +73,8 @@ SELECT o.feature_id, o.feature_version, o.event_type, o.layer,
  WHERE o.event_type = 'moved' AND o.feature_version = f.version
  ORDER BY o.feature_id;
 SELECT id, version, ST_AsText(geom) FROM feature_outbox.features ORDER BY id;
-SELECT feature_id, event_type, feature_version FROM feature_outbox.outbox ORDER BY id;
+SELECT feature_id, event_type, feature_version, layer, feature_key FROM feature_outbox.outbox ORDER BY id;
+SELECT id, version, ST_AsText(geom) FROM public.sites;
 
 DROP OWNED BY regress_hostile;
 DROP ROLE regress_hostile;

@@ -169,10 +169,10 @@ entry_points! {
         "SELECT feature_outbox._edit_key($1, $2, $3, $4, NULL, $5, false)";
     pg_finfo_feature_outbox_edit_uuid_key_geojson feature_outbox_edit_uuid_key_geojson
         "edit_feature(text, uuid, text, text, jsonb)" -> Integer:
-        "SELECT feature_outbox._edit_key($1, $2::text, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)";
+        "SELECT feature_outbox._edit_key($1, $2::pg_catalog.text, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)";
     pg_finfo_feature_outbox_edit_uuid_key_geometry feature_outbox_edit_uuid_key_geometry
         "edit_feature(text, uuid, geometry, text, jsonb)" -> Integer:
-        "SELECT feature_outbox._edit_key($1, $2::text, $3, $4, NULL, $5, false)";
+        "SELECT feature_outbox._edit_key($1, $2::pg_catalog.text, $3, $4, NULL, $5, false)";
     pg_finfo_feature_outbox_record_edit feature_outbox_record_edit
         "record_edit(text, bigint, text)" -> Integer:
         "SELECT feature_outbox._record_edit($1, $2, $3)";
@@ -181,7 +181,7 @@ entry_points! {
         "SELECT feature_outbox._record_edit_key($1, $2, $3)";
     pg_finfo_feature_outbox_record_edit_uuid_key feature_outbox_record_edit_uuid_key
         "record_edit(text, uuid, text)" -> Integer:
-        "SELECT feature_outbox._record_edit_key($1, $2::text, $3)";
+        "SELECT feature_outbox._record_edit_key($1, $2::pg_catalog.text, $3)";
     pg_finfo_feature_outbox_register_layer feature_outbox_register_layer
         "register_layer(text, regclass, name, name, name, name[], name)" -> Void:
         "SELECT feature_outbox._register_layer($1, $2, $3, $4, $5, $6, $7)";
@@ -259,13 +259,13 @@ pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCal
         let types = &declared.types;
         let params = (1..=types.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
         let keyed = matches!(types.get(1), Some(&pg_sys::TEXTOID) | Some(&pg_sys::UUIDOID));
-        let edit = if keyed { "_edit_key($1, $2::text" } else { "_edit($1, $2" };
+        let edit = if keyed { "_edit_key($1, $2::pg_catalog.text" } else { "_edit($1, $2" };
         let sql = match declared.name.as_str() {
             "edit_feature" if types.get(2) == Some(&pg_sys::TEXTOID) => {
                 format!("SELECT feature_outbox.{edit}, NULL, $4, feature_outbox._geojson_to_ewkb($3), $5, false)")
             }
             "edit_feature" => format!("SELECT feature_outbox.{edit}, $3, $4, NULL, $5, false)"),
-            "record_edit" if keyed => "SELECT feature_outbox._record_edit_key($1, $2::text, $3)".to_string(),
+            "record_edit" if keyed => "SELECT feature_outbox._record_edit_key($1, $2::pg_catalog.text, $3)".to_string(),
             other => format!("SELECT feature_outbox._{other}({params})"),
         };
         let returns = [Returns::Bigints, Returns::Texts, Returns::Bigint, Returns::Void]
