@@ -4,8 +4,8 @@
 -- One Rust pass over the geometry's WKB (_inspect_geometry) does the rest: dimensions, emptiness,
 -- finiteness, range, the source CRS's area of use, antimeridian, rings around a pole, bounding box;
 -- _h3_cell turns the routing point into the H3 cell.
--- The hottest path, a valid EPSG:4326 shape moved through the geometry form, is Rust with kept plans
--- (src/edit/moved.rs); the rest is PL/pgSQL, whose statements are planned once per session. No
+-- The hottest path, a valid EPSG:4326 shape moved through either built-in form, is Rust with kept
+-- plans (src/edit/moved.rs); the rest is PL/pgSQL, whose statements are planned once per session. No
 -- SQL-language function sits in either: PostgreSQL 15 plans a non-inlined SQL function's body again
 -- at every call.
 

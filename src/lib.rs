@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 mod backoff;
 mod capture;
 mod databases;
+mod datum_bytes;
 mod ddl_guard;
 mod edit;
 mod event;

@@ -30,11 +30,7 @@ pub extern "C" fn pg_finfo_feature_outbox_outbox_values_valid() -> &'static pg_s
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn feature_outbox_outbox_values_valid(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
-        let text = |i: usize| {
-            let datum = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, i);
-            pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()))
-        };
-        pg_sys::Datum::from(valid(text(0), text(1)))
+        pg_sys::Datum::from(valid(crate::datum_bytes::arg(fcinfo, 0), crate::datum_bytes::arg(fcinfo, 1)))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The digest of a layer row's registered properties, which every event records beside the
 //! geometry's (md5 of its EWKB, taken in SQL: layers.rs `digests`) and drift() compares; and that
-//! geometry digest taken here, for the built-in move's path.
+//! geometry digest taken here, for the built-in move's path (moved.rs).
 
 use md5::Md5;
 use pgrx::datum::{AnyElement, Uuid};
@@ -8,15 +8,10 @@ use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
 use sha2::{Digest, Sha256};
 
-/// `md5(bytes)::uuid` as SQL computes it (the 16 digest bytes in order), for the geometry digest
+/// The 16 bytes of `md5(bytes)`, as `md5(bytes)::uuid` holds them in SQL: the geometry digest
 /// `md5(ST_AsEWKB(g))::uuid` that events and feature_state record. PostgreSQL's md5() sets up an
 /// OpenSSL EVP context on every call, about 15 µs an edit with two clients busy (issue 51);
-/// this hashes in place. bytes: any bytea; NULL gives NULL.
-#[pg_extern(immutable, parallel_safe, strict)]
-fn _md5_uuid(bytes: &[u8]) -> Uuid {
-    Uuid::from_bytes(md5_bytes(bytes))
-}
-
+/// this hashes in place.
 #[inline(never)] // a step of its own in bench/edit_steps.py
 pub(super) fn md5_bytes(bytes: &[u8]) -> [u8; 16] {
     let mut out = [0u8; 16];

@@ -225,18 +225,15 @@ unsafe fn run(fcinfo: pg_sys::FunctionCallInfo, entry: &Entry, first: Option<Fir
             .report(PgLogLevel::ERROR);
         }
         declared.refuse_read_only();
-        if let Some(first) = first {
-            let caller = roles::current();
-            let _calling = Calling::push(caller);
-            let _owner = As::enter(declared.owner, caller.context, 0);
-            if let Some(result) = first(fcinfo, &declared) {
+        as_owner(&declared, || {
+            if let Some(result) = first.and_then(|first| first(fcinfo, &declared)) {
                 return result;
             }
-        }
-        match entry.origin {
-            Some(origin) => event_origin::with(origin, || call(fcinfo, entry.body, &declared, entry.returns)),
-            None => call(fcinfo, entry.body, &declared, entry.returns),
-        }
+            match entry.origin {
+                Some(origin) => event_origin::with(origin, || call(fcinfo, entry.body, &declared, entry.returns)),
+                None => call(fcinfo, entry.body, &declared, entry.returns),
+            }
+        })
     }
 }
 
@@ -272,8 +269,17 @@ pub unsafe extern "C-unwind" fn feature_outbox_entry(fcinfo: pg_sys::FunctionCal
             .into_iter()
             .find(|r| r.oid() == declared.returns)
             .unwrap_or(Returns::Integer);
-        call(fcinfo, &sql, &declared, returns)
+        as_owner(&declared, || call(fcinfo, &sql, &declared, returns))
     }
+}
+
+/// Runs `f` as `declared`'s owner, with the calling role recorded for `_layer_write_row` and
+/// `_as_caller_row`; both are undone when `f` returns or an ERROR unwinds through it.
+fn as_owner<R>(declared: &Declared, f: impl FnOnce() -> R) -> R {
+    let caller = roles::current();
+    let _calling = Calling::push(caller);
+    let _owner = As::enter(declared.owner, caller.context, 0);
+    f()
 }
 
 /// A function as pg_proc declares it.
@@ -325,9 +331,8 @@ enum Returned {
     Texts(Vec<Option<String>>),
 }
 
-/// Runs `sql` with the call's arguments as `declared`'s owner, with the calling role recorded for
-/// `_layer_write_row` and `_as_caller_row`, and returns its one value as `returns` (NULL for void
-/// and for no row).
+/// Runs `sql` with the call's arguments (its callers run it `as_owner`) and returns its one value
+/// as `returns` (NULL for void and for no row).
 unsafe fn call(fcinfo: pg_sys::FunctionCallInfo, sql: &str, declared: &Declared, returns: Returns) -> pg_sys::Datum {
     unsafe {
         let types = &declared.types;
@@ -343,9 +348,6 @@ unsafe fn call(fcinfo: pg_sys::FunctionCallInfo, sql: &str, declared: &Declared,
                 }
             })
             .collect();
-        let caller = roles::current();
-        let _calling = Calling::push(caller);
-        let _owner = As::enter(declared.owner, caller.context, 0);
         // Turned into a datum after SPI, in the caller's memory context.
         let result: Option<Returned> = Spi::connect_mut(|client| {
             let plan = prepared(client, sql, types, true);

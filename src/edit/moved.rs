@@ -1,7 +1,7 @@
-//! The built-in move: `edit_feature(id, geometry, 'moved')` (and its GeoJSON form, whose text is
-//! parsed here first) of a valid, non-empty EPSG:4326 Point,
-//! LineString, Polygon or their Multi form that does not cross the antimeridian, the edit most
-//! applications make most, written here without `_edit` (issue 51).
+//! The built-in move: `edit_feature(id, geometry, 'moved')`, and its GeoJSON form (whose text is
+//! parsed here first), of a valid, non-empty EPSG:4326 Point, LineString, Polygon or their Multi
+//! form that does not cross the antimeridian, the edit most applications make most, written here
+//! without `_edit` (issue 51).
 //!
 //! It takes `_edit`'s steps for that case (sql/edit.sql) with the same checks, statements and rows:
 //! the Rust pass over the EWKB (`inspect`), PostGIS's validity and point on surface, the H3 cell,
@@ -24,6 +24,7 @@ use pgrx::prelude::*;
 
 use super::entry::Declared;
 use super::postgis;
+use crate::datum_bytes;
 use crate::plans::prepared;
 
 /// The state row: the old routing key, point and box handed back as previous_*, the new ones and
@@ -108,25 +109,17 @@ unsafe fn moved_id(fcinfo: pg_sys::FunctionCallInfo) -> Option<i64> {
         if (0..3).any(|i| pgrx::fcinfo::pg_arg_is_null(fcinfo, i)) {
             return None;
         }
-        if text_bytes(fcinfo, 2) != b"moved" {
+        if datum_bytes::arg(fcinfo, 2) != b"moved" {
             return None;
         }
         pgrx::fcinfo::pg_getarg::<i64>(fcinfo, 0)
     }
 }
 
-/// The bytes of text argument `i` (not NULL), in the database's encoding.
-unsafe fn text_bytes<'a>(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> &'a [u8] {
-    unsafe {
-        let datum = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, i);
-        pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()))
-    }
-}
-
 /// Text argument `i` as UTF-8 bytes: always in a UTF8 database, in another only when ASCII.
 unsafe fn utf8_text<'a>(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<&'a [u8]> {
     unsafe {
-        let bytes = text_bytes(fcinfo, i);
+        let bytes = datum_bytes::arg(fcinfo, i);
         (pg_sys::GetDatabaseEncoding() == pg_sys::pg_enc::PG_UTF8 as i32 || bytes.is_ascii()).then_some(bytes)
     }
 }

@@ -96,11 +96,6 @@ unsafe fn call(info: *mut pg_sys::FmgrInfo, arg: pg_sys::Datum) -> pg_sys::Datum
     unsafe { pg_sys::FunctionCall1Coll(info, pg_sys::InvalidOid, arg) }
 }
 
-/// The bytes of a bytea datum that a function just returned.
-unsafe fn bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
-    unsafe { pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr())) }
-}
-
 impl Postgis {
     /// ST_GeomFromEWKB(ewkb): a geometry datum in the current memory context.
     pub unsafe fn from_ewkb(&self, ewkb: &[u8]) -> pg_sys::Datum {
@@ -114,12 +109,12 @@ impl Postgis {
 
     /// ST_AsEWKB(g), in the current memory context.
     pub unsafe fn as_ewkb<'a>(&self, g: pg_sys::Datum) -> &'a [u8] {
-        unsafe { bytes(call(self.as_ewkb, g)) }
+        unsafe { crate::datum_bytes::of(call(self.as_ewkb, g)) }
     }
 
     /// ST_AsBinary(g): ISO WKB without the SRID.
     pub unsafe fn as_binary<'a>(&self, g: pg_sys::Datum) -> &'a [u8] {
-        unsafe { bytes(call(self.as_binary, g)) }
+        unsafe { crate::datum_bytes::of(call(self.as_binary, g)) }
     }
 
     /// (ST_IsValidDetail(g)).valid: GEOS's validity, without the NOTICE ST_IsValid gives.
