@@ -204,6 +204,59 @@ def test_a_template_copy_resolved_as_moved_keeps_the_identity(c, nats_server):
     check_event(c, "gis_moved", m)
 
 
+def test_a_restore_into_a_database_the_relay_already_serves_waits_too(c, nats_server, tmp_path):
+    """No restart: pg_restore's schema section creates the extension, which records this database's
+    own identity, and the relay serves it as itself; then the data section brings the source's
+    identity row and its waiting outbox rows. The relay must hold the database from then on (CI
+    found a worker that had kept the first identity for good and relayed the copy as a new source)."""
+    args = ["-h", "127.0.0.1", "-p", str(c.port), "-U", "postgres"]
+    dump = tmp_path / "gis_src.pgdump"
+    # The source's relay publishes nothing (no endpoint for that database): its row waits in the dump.
+    c.create_db("gis_src")
+    with c.connect() as conn:
+        conn.execute("ALTER DATABASE gis_src SET feature_outbox.endpoint = ''")
+    with c.connect("gis_src") as conn:
+        conn.execute("CREATE EXTENSION feature_outbox CASCADE")
+        conn.execute(TABLE)
+        conn.execute("SELECT feature_outbox.register_layer('parcels', 'public.parcels', properties => '{owner}')")
+    waiting = edit(c, "gis_src", 4, -106.0, "waits in the dump")
+    subprocess.run([PG_BIN / "pg_dump", *args, "-Fc", "-f", dump, "gis_src"], check=True)
+    assert not published(c, "gis_src", waiting)
+    c.create_db("gis_live")
+    restore = [PG_BIN / "pg_restore", *args, "--exit-on-error", "-d", "gis_live"]
+    subprocess.run([*restore, "--section=pre-data", dump], check=True)
+
+    def worker_state() -> str:
+        with c.connect("gis_live") as conn:
+            return conn.execute("SELECT state FROM feature_outbox.workers").fetchone()[0]
+    # Its worker looked and serves the new database as itself (idle only once it passed the check).
+    wait_for(lambda: worker_state() == "idle", 10, "gis_live's worker to serve it")
+    assert len(identity(c, "gis_live")) == 36
+    subprocess.run([*restore, "--section=data", "--section=post-data", dump], check=True)
+    copy_edit = edit(c, "gis_live", 5, -107.0, "copy")
+    d = wait_for(lambda: relay_databases(c).get("gis_live", {}).get("state") == HELD and relay_databases(c)["gis_live"],
+                 10, "gis_live to be held once the source's rows arrived")
+    assert "restored copy of database gis_src" in d["last_error"], d
+    time.sleep(3 * POLL * WAIT_SCALE)
+    assert not published(c, "gis_live", waiting) and not published(c, "gis_live", copy_edit)
+    assert not [m for m in nats_server.messages() if m["event"]["database"] == "gis_live"]
+    with c.connect("gis_live") as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        b = conn.execute("SELECT unpublished_rows, relay_held_reason FROM feature_outbox.backlog").fetchone()
+        assert b["unpublished_rows"] == 2 and "resolve_copy" in b["relay_held_reason"], b
+        new_id = conn.execute("SELECT feature_outbox.resolve_copy('new')::text AS id").fetchone()["id"]
+    # Resolved, both go out under the new identity (the sink reconnects with it), field by field.
+    assert new_id not in (identity(c, "gis"), identity(c, "gis_src"))
+    for eid in (waiting, copy_edit):
+        wait_for(lambda: published(c, "gis_live", eid), 10, "gis_live's rows once resolved")
+    msgs = wait_for(lambda: (m := {i: x for i, x in by_event_id(nats_server).items() if x["event"]["database"] == "gis_live"})
+                    and len(m) == 2 and m, 10, "gis_live's two events")
+    assert set(msgs) == {waiting, copy_edit}
+    for m in msgs.values():
+        assert m["event"]["database_id"] == new_id
+        check_event(c, "gis_live", m)
+
+
 def test_a_restore_into_another_cluster_waits_too(c, nats_server, tmp_path):
     other = Cluster(RUN_DIR / "identity_other", free_port())
     other.start(*SETTINGS, f"feature_outbox.endpoint = '{nats_server.url}'", "feature_outbox.database = '*'")

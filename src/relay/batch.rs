@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 use super::error::RelayError;
 use super::fault_points::crash_if_requested;
+use super::identity;
 use super::mark::{Published, mark};
 use super::pipeline::{Pipeline, Taken};
 use super::publish::publish;
@@ -34,6 +35,10 @@ pub fn run(me: &WorkerSlot, sink: &mut dyn Sink, pipeline: &mut Pipeline) -> Res
             if batch.rows.is_empty() {
                 return Ok((Published::default(), None));
             }
+            // Rows a restore brought are read only after the original's identity rows (pg_dump
+            // orders their data so): looked at after the read, they are never relayed as this
+            // database's own.
+            identity::unchanged(client)?;
             me.set_state(WorkerState::Publishing);
             // Nothing goes out before the standbys the settings name have the batch's edits
             // (standby_gate.rs): a standby that lags lets the batch go, to be waited for outside
@@ -69,6 +74,7 @@ pub fn run(me: &WorkerSlot, sink: &mut dyn Sink, pipeline: &mut Pipeline) -> Res
             // in its own transaction, which waits for them.
             if let Some(next) = next.as_mut()
                 && standby_gate::confirmed(client, next_read_at)
+                && identity::unchanged(client).is_ok()
             {
                 next.send_ahead(sink);
             }

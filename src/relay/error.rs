@@ -30,6 +30,9 @@ pub enum RelayError {
     /// (relay/standby_gate.rs): nothing of it went out; the worker lets it go, waits outside any
     /// transaction, and claims again.
     StandbyBehind(u64),
+    /// database_identity changed under the identity the worker kept (a restore's rows arrived):
+    /// nothing of the batch went out; the worker asks `_identity_check()` again at once.
+    IdentityChanged,
 }
 
 impl RelayError {
@@ -47,6 +50,7 @@ impl fmt::Display for RelayError {
             | RelayError::DestinationBusy { reason, .. }
             | RelayError::DestinationRefused(reason) => f.write_str(reason),
             RelayError::Stopping => f.write_str("the relay worker is stopping"),
+            RelayError::IdentityChanged => f.write_str("this database's recorded identity changed; checking it again"),
             RelayError::StandbyBehind(lsn) => write!(f, "waiting for standbys to confirm WAL position {:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff),
             RelayError::SchemaBehind { schema, library } => write!(
                 f,

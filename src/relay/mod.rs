@@ -7,6 +7,7 @@
 //! - pipeline.rs: the send-ahead pipeline and the per-feature ordering rule; claim.rs the claim;
 //! - housekeeping.rs: worker 0's periodic jobs; low_water.rs the claim's low-water mark;
 //! - connection.rs: the sink (sinks/) and its backoff; schema.rs, retries.rs: when to wait;
+//! - identity.rs: the identity the events carry, looked at again in every batch;
 //! - standby_gate.rs: publish only what the standbys the settings name have confirmed;
 //! - error.rs: RelayError; transaction.rs: the worker's own transactions; worker_slot.rs: its shared
 //!   memory; fault_points.rs: test builds' entry points.
@@ -30,6 +31,7 @@ mod expire;
 mod expire_math;
 pub(crate) mod fault_points;
 mod housekeeping;
+mod identity;
 mod low_water;
 mod mark;
 mod pipeline;
@@ -46,15 +48,12 @@ const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The database this worker connected to, set once at connect.
 static WORKER_DATABASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-/// The identity its events carry (sql/identity.sql), set once the schema check found the database
-/// serving as itself (schema.rs); unset while it is held as a copy. Kept for the worker's life.
-static WORKER_IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Whose outbox this worker relays, as its events name it.
 pub fn source() -> crate::event::Source {
     crate::event::Source {
         database: WORKER_DATABASE.get().cloned().unwrap_or_default(),
-        database_id: WORKER_IDENTITY.get().cloned().unwrap_or_default(),
+        database_id: identity::kept().unwrap_or_default(),
     }
 }
 

@@ -5,7 +5,8 @@ use pgrx::prelude::*;
 use super::error::RelayError;
 use super::worker_slot::WorkerSlot;
 use super::transaction::{in_transaction_try, kept_one};
-use super::{LIBRARY_VERSION, WORKER_IDENTITY, exit_worker};
+use super::identity::{self, Identity};
+use super::{LIBRARY_VERSION, exit_worker};
 use crate::relay_state::{Presence, RELAY, WorkerState, this_database};
 
 #[derive(Default)]
@@ -24,14 +25,14 @@ impl SchemaCheck {
     /// workers at commit, so they resume at once. Without the extension the worker leaves the
     /// database.
     ///
-    /// Then the database's identity (sql/identity.sql), once per worker: a database whose outbox
-    /// came from another one (restored, TEMPLATE or file-level copy) is held, its rows waiting,
-    /// until resolve_copy() says what it is; resolve_copy wakes the workers at commit.
+    /// Then the database's identity (sql/identity.sql), kept while every batch finds it unchanged
+    /// (identity.rs): a database whose outbox came from another one (restored, TEMPLATE or
+    /// file-level copy) is held, its rows waiting, until resolve_copy() says what it is;
+    /// resolve_copy wakes the workers at commit.
     pub fn ready(&mut self, me: &WorkerSlot) -> bool {
         let (state, error) = match installed_version(me) {
-            Ok(v) if v == LIBRARY_VERSION => match identity() {
-                Ok(Identity::Serving(id)) => {
-                    let _ = WORKER_IDENTITY.set(id);
+            Ok(v) if v == LIBRARY_VERSION => match identity::check() {
+                Ok(Identity::Serving) => {
                     self.waiting_logged = None;
                     if me.index == 0 && !self.capture_looked {
                         self.capture_looked = want_capture();
@@ -76,36 +77,6 @@ fn want_capture() -> bool {
         }
         Ok(_) => true,
         Err(_) => false,
-    }
-}
-
-/// What `_identity_check()` made of this database.
-enum Identity {
-    /// The identity its events carry.
-    Serving(String),
-    /// A copy of another database, held; why, with the SQL that resolves it.
-    Copy(String),
-}
-
-/// This worker's identity: the one it found before (kept for its life), or `_identity_check()`'s
-/// answer, in a transaction of its own that may write (it records a promotion, a pg_upgrade or a
-/// rename in database_identity).
-fn identity() -> Result<Identity, RelayError> {
-    if let Some(id) = WORKER_IDENTITY.get() {
-        return Ok(Identity::Serving(id.clone()));
-    }
-    let (state, id, reason) = in_transaction_try(|| {
-        Spi::connect_mut(|client| {
-            let row = client
-                .update("SELECT c.state, c.identity::text, c.reason FROM feature_outbox._identity_check() c", None, &[])?
-                .first()
-                .get_three::<String, String, String>()?;
-            Ok::<_, RelayError>(row)
-        })
-    })?;
-    match (state.as_deref(), id) {
-        (Some("serving"), Some(id)) => Ok(Identity::Serving(id)),
-        _ => Ok(Identity::Copy(reason.unwrap_or_else(|| "this database's identity is undecided".into()))),
     }
 }
 

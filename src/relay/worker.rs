@@ -96,6 +96,11 @@ impl Worker {
                 Ok(BatchEnd::More) => continue,
                 Ok(BatchEnd::Drained) => break,
                 Err(RelayError::Stopping) => return Next::Stop,
+                Err(RelayError::IdentityChanged) => {
+                    // Nothing of the batch went out; the schema step decides again at once.
+                    self.pipeline.discard();
+                    return Next::Sleep(Duration::ZERO);
+                }
                 Err(RelayError::StandbyBehind(target)) => {
                     // Nothing of the batch went out; what was read ahead is read again after the wait.
                     self.pipeline.discard();
