@@ -9,7 +9,8 @@ median, with min - max.
   edit: pgbench, 2 clients, `moved` of county polygons and of points, built-in table and a user
         layer, beside the floor (bare UPDATE + outbox INSERT + ST_IsValid + ST_PointOnSurface);
   relay: one worker draining a BENCH_AB_BACKLOG-row backlog (default 30,000) into nats-server,
-        and into the in-worker floor (the same worker, discard:// sink);
+        and into the in-worker floor (the same worker, discard:// sink); with the relay workers'
+        CPU time per event (the scheduler's run time), which moves far less than the rates between runs;
   instructions: the same edits counted by callgrind (valgrind), instructions per edit in a
         single-user backend, the difference of a 100- and a 600-edit run of one fixed sequence,
         on the clusters as loaded (before pgbench), both builds at once: repeatable to 0.2 %
@@ -228,6 +229,7 @@ def relay_ab(builds, labels) -> None:
     server = NatsServer(RUN_DIR / "ab-nats")
     server.start()
     rates = {(b, k): [] for b in builds for k in ("nats", "floor")}
+    cpu = {key: [] for key in rates}
     relays = {}
     try:
         for b, bin in builds.items():
@@ -239,10 +241,11 @@ def relay_ab(builds, labels) -> None:
         run = 0
         for _ in range(ROUNDS):
             for b, c in relays.items():
-                run += 1
-                rates[(b, "nats")].append(results.worker_drain(c, server, f"{run}"))
-                run += 1
-                rates[(b, "floor")].append(results.worker_drain(c, server, f"{run}", sink_url="discard://floor"))
+                for key, sink in (("nats", None), ("floor", "discard://floor")):
+                    run += 1
+                    meter = WorkerCpu(c)
+                    rates[(b, key)].append(results.worker_drain(c, server, f"{run}", sink_url=sink, meter=meter))
+                    cpu[(b, key)].append(meter.spent * 1e6 / results.BACKLOG)
     finally:
         for c in relays.values():
             c.stop()
@@ -261,6 +264,45 @@ def relay_ab(builds, labels) -> None:
     of = {b: med[(b, "nats")] / med[(b, "floor")] for b in builds}
     ratio = of[this] / of[other]
     print(f"| nats-server / floor | {pct(of[this])} | {pct(of[other])} | {ratio:.3f} | {mark('relay nats-server / floor', ratio)} |")
+    for key, what in (("nats", "worker CPU per event into nats-server, µs"), ("floor", "worker CPU per event, discard:// floor, µs")):
+        ratio = statistics.median(cpu[(this, key)]) / statistics.median(cpu[(other, key)])
+        print(f"| {what} | {spread_us(cpu[(this, key)])} | {spread_us(cpu[(other, key)])} | {ratio:.3f} | "
+              f"{mark(f'relay {what}', ratio, lower_is_better=True)} |")
+
+
+class WorkerCpu:
+    """results.worker_drain's meter: the CPU seconds the relay workers (every thread) spent over one
+    drain, from the scheduler's nanosecond run times: /proc/<pid>/stat's 10 ms ticks are 2 % of a
+    30,000-row floor drain, and moved its figure by a tick from run to run."""
+
+    def __init__(self, c: Cluster):
+        self.pids = [r[0] for r in results.memory(c)]
+
+    def __call__(self, poller):
+        return self
+
+    def __enter__(self):
+        self.before = sum(run_seconds(p) for p in self.pids)
+        return self
+
+    def __exit__(self, *exc):
+        self.spent = sum(run_seconds(p) for p in self.pids) - self.before
+        return False
+
+
+def run_seconds(pid: int) -> float:
+    """Seconds every thread of pid has run on a CPU (/proc/<pid>/task/*/schedstat, first field, ns)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def spread_us(values):
+    return f"{statistics.median(values):.2f} ({min(values):.2f} - {max(values):.2f})"
 
 
 if __name__ == "__main__":
