@@ -25,6 +25,7 @@ mod relay;
 mod relay_state;
 mod roles;
 mod routing;
+mod server_text;
 mod settings;
 mod signals;
 mod sinks;

@@ -29,9 +29,19 @@ EXCEPTION WHEN OTHERS THEN
     RAISE NOTICE '%', SQLSTATE;  -- the message quotes the text, whose bytes depend on the client
 END $$;
 SELECT feature_outbox.edit_feature(1, '{"type":"Point","coordinates":[3,2]}', 'moved') AS version;
+-- Non-ASCII GeoJSON goes to _edit, which reads it in the database's encoding: a foreign member
+-- with an accent is no error, and a misspelt type is 22P02, as in a UTF8 database (was XX000).
+SELECT feature_outbox.edit_feature(1, '{"type":"Point","coordinates":[4,2],"title":"Café Müller"}', 'moved') AS version;
+DO $$
+BEGIN
+    PERFORM feature_outbox.edit_feature(1, '{"type":"Pöint","coordinates":[3,2]}', 'moved');
+EXCEPTION WHEN OTHERS THEN
+    RAISE NOTICE '%', SQLSTATE;
+END $$;
 SELECT o.feature_id, o.feature_version, o.event_type, o.routing_key = feature_outbox.routing_key(p.g) AS routed
   FROM feature_outbox.outbox o
-  JOIN (VALUES (1, 'SRID=4326;POINT(2 2)'::geometry), (2, 'SRID=4326;POINT(3 2)')) p(version, g) ON p.version = o.feature_version
+  JOIN (VALUES (1, 'SRID=4326;POINT(2 2)'::geometry), (2, 'SRID=4326;POINT(3 2)'), (3, 'SRID=4326;POINT(4 2)')) p(version, g)
+    ON p.version = o.feature_version
  ORDER BY o.id;
 SELECT id, version, ST_AsText(geom) FROM feature_outbox.features;
 \c regress_34_refusals

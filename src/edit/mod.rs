@@ -72,10 +72,11 @@ pub(crate) fn row_of<const N: usize>(
 }
 
 /// GeoJSON geometry text (RFC 7946) to EWKB with its SRID (4326 unless a `crs` member says otherwise).
-/// Raises 22P02 for malformed GeoJSON and 22023 for altitudes, empty geometries or unknown CRS names.
+/// Raises 22P02 for malformed GeoJSON and 22023 for altitudes, empty geometries or unknown CRS names,
+/// in a database of any encoding (ServerText).
 #[pg_extern(immutable, strict, parallel_safe)]
-fn _geojson_to_ewkb(geojson: &str) -> Vec<u8> {
-    ok_or_report(geojson::to_ewkb(geojson), "edit_feature")
+fn _geojson_to_ewkb(geojson: crate::server_text::ServerText) -> Vec<u8> {
+    ok_or_report(geojson::to_ewkb(&geojson.0), "edit_feature")
 }
 
 /// The one pass over an edit's geometry (see `inspect::inspect`).
