@@ -38,6 +38,24 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
     RAISE NOTICE '%', SQLSTATE;
 END $$;
+-- A layer name outside ASCII is no registered layer, in every form.
+DO $$
+DECLARE
+    sql text;
+BEGIN
+    FOREACH sql IN ARRAY ARRAY[
+        $q$SELECT feature_outbox.edit_feature('stråße', 1, 'SRID=4326;POINT(1 1)'::geometry, 'moved')$q$,
+        $q$SELECT feature_outbox.edit_feature('stråße', 1, '{"type":"Point","coordinates":[1,1]}', 'moved')$q$,
+        $q$SELECT feature_outbox.record_edit('stråße', 1, 'moved')$q$,
+        $q$SELECT feature_outbox.edit_feature('stråße', 'k1', 'SRID=4326;POINT(1 1)'::geometry, 'moved')$q$]
+    LOOP
+        BEGIN
+            EXECUTE sql;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE NOTICE '%', SQLSTATE;
+        END;
+    END LOOP;
+END $$;
 SELECT o.feature_id, o.feature_version, o.event_type, o.routing_key = feature_outbox.routing_key(p.g) AS routed
   FROM feature_outbox.outbox o
   JOIN (VALUES (1, 'SRID=4326;POINT(2 2)'::geometry), (2, 'SRID=4326;POINT(3 2)'), (3, 'SRID=4326;POINT(4 2)')) p(version, g)
