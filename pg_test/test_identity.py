@@ -84,6 +84,13 @@ def published(c: Cluster, db: str, event_id: str) -> bool:
                             (event_id,)).fetchone()[0]
 
 
+def drop(c: Cluster, *dbs: str) -> None:
+    """Drops databases a test made: each holds a relay worker, and the cluster has 8 slots."""
+    with c.connect() as conn:
+        for db in dbs:
+            conn.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
+
+
 def by_event_id(server) -> dict:
     return {m["event"]["event_id"]: m for m in server.messages()}
 
@@ -255,6 +262,32 @@ def test_a_restore_into_a_database_the_relay_already_serves_waits_too(c, nats_se
     for m in msgs.values():
         assert m["event"]["database_id"] == new_id
         check_event(c, "gis_live", m)
+    drop(c, "gis_live", "gis_src")
+
+
+def test_a_restore_with_nothing_waiting_shows_held_without_an_edit(c, tmp_path):
+    """The same restore of a source whose rows were all published: no batch finds a row, yet the
+    views say held within a poll interval, before any edit."""
+    args = ["-h", "127.0.0.1", "-p", str(c.port), "-U", "postgres"]
+    with c.connect("gis") as conn:
+        wait_for(lambda: conn.execute("SELECT unpublished_rows FROM feature_outbox.backlog").fetchone()[0] == 0, 10,
+                 "gis to have nothing waiting")
+    dump = tmp_path / "gis.pgdump"
+    subprocess.run([PG_BIN / "pg_dump", *args, "-Fc", "-f", dump, "gis"], check=True)
+    c.create_db("gis_idle")
+    restore = [PG_BIN / "pg_restore", *args, "--exit-on-error", "-d", "gis_idle"]
+    subprocess.run([*restore, "--section=pre-data", dump], check=True)
+
+    def worker_state() -> str:
+        with c.connect("gis_idle") as conn:
+            return conn.execute("SELECT state FROM feature_outbox.workers").fetchone()[0]
+    wait_for(lambda: worker_state() == "idle", 10, "gis_idle's worker to serve it")
+    subprocess.run([*restore, "--section=data", "--section=post-data", dump], check=True)
+    wait_for(lambda: worker_state() == HELD, 5 * POLL + 2, "gis_idle's worker to hold it with no edit")
+    with c.connect("gis_idle") as conn:
+        b = conn.execute("SELECT unpublished_rows, relay_held_reason FROM feature_outbox.backlog").fetchone()
+    assert b[0] == 0 and "restored copy of database gis" in b[1], b
+    drop(c, "gis_idle")
 
 
 def test_a_restore_into_another_cluster_waits_too(c, nats_server, tmp_path):

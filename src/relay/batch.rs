@@ -32,13 +32,14 @@ pub fn run(me: &WorkerSlot, sink: &mut dyn Sink, pipeline: &mut Pipeline) -> Res
         Spi::connect_mut(|client| {
             let Taken { mut batch, claim_again: again } = pipeline.take(client, limit, index, workers)?;
             claim_again = again;
+            // Rows a restore brought are read only after the original's identity rows (pg_dump
+            // orders their data so): looked at after the read, they are never relayed as this
+            // database's own. Also when none waits, so that the views say held within a poll
+            // interval, and the tile step stops with the relay.
+            identity::unchanged(client)?;
             if batch.rows.is_empty() {
                 return Ok((Published::default(), None));
             }
-            // Rows a restore brought are read only after the original's identity rows (pg_dump
-            // orders their data so): looked at after the read, they are never relayed as this
-            // database's own.
-            identity::unchanged(client)?;
             me.set_state(WorkerState::Publishing);
             // Nothing goes out before the standbys the settings name have the batch's edits
             // (standby_gate.rs): a standby that lags lets the batch go, to be waited for outside
