@@ -91,6 +91,23 @@ def drop(c: Cluster, *dbs: str) -> None:
             conn.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
 
 
+def worker_state(c: Cluster, db: str) -> str:
+    with c.connect(db) as conn:
+        return conn.execute("SELECT state FROM feature_outbox.workers").fetchone()[0]
+
+
+def restore_while_served(c: Cluster, dump, db: str) -> None:
+    """pg_restore of `dump` into a new database `db` of the running `c`, in two steps: the schema
+    section creates the extension, which records db's own identity, and its worker serves db as
+    itself (idle only once it passed the check); then the data section brings the source's rows."""
+    c.create_db(db)
+    restore = [PG_BIN / "pg_restore", "-h", "127.0.0.1", "-p", str(c.port), "-U", "postgres", "--exit-on-error", "-d", db]
+    subprocess.run([*restore, "--section=pre-data", dump], check=True)
+    wait_for(lambda: worker_state(c, db) == "idle", 10, f"{db}'s worker to serve it")
+    assert len(identity(c, db)) == 36
+    subprocess.run([*restore, "--section=data", "--section=post-data", dump], check=True)
+
+
 def by_event_id(server) -> dict:
     return {m["event"]["event_id"]: m for m in server.messages()}
 
@@ -229,17 +246,7 @@ def test_a_restore_into_a_database_the_relay_already_serves_waits_too(c, nats_se
     waiting = edit(c, "gis_src", 4, -106.0, "waits in the dump")
     subprocess.run([PG_BIN / "pg_dump", *args, "-Fc", "-f", dump, "gis_src"], check=True)
     assert not published(c, "gis_src", waiting)
-    c.create_db("gis_live")
-    restore = [PG_BIN / "pg_restore", *args, "--exit-on-error", "-d", "gis_live"]
-    subprocess.run([*restore, "--section=pre-data", dump], check=True)
-
-    def worker_state() -> str:
-        with c.connect("gis_live") as conn:
-            return conn.execute("SELECT state FROM feature_outbox.workers").fetchone()[0]
-    # Its worker looked and serves the new database as itself (idle only once it passed the check).
-    wait_for(lambda: worker_state() == "idle", 10, "gis_live's worker to serve it")
-    assert len(identity(c, "gis_live")) == 36
-    subprocess.run([*restore, "--section=data", "--section=post-data", dump], check=True)
+    restore_while_served(c, dump, "gis_live")
     copy_edit = edit(c, "gis_live", 5, -107.0, "copy")
     d = wait_for(lambda: relay_databases(c).get("gis_live", {}).get("state") == HELD and relay_databases(c)["gis_live"],
                  10, "gis_live to be held once the source's rows arrived")
@@ -274,16 +281,8 @@ def test_a_restore_with_nothing_waiting_shows_held_without_an_edit(c, tmp_path):
                  "gis to have nothing waiting")
     dump = tmp_path / "gis.pgdump"
     subprocess.run([PG_BIN / "pg_dump", *args, "-Fc", "-f", dump, "gis"], check=True)
-    c.create_db("gis_idle")
-    restore = [PG_BIN / "pg_restore", *args, "--exit-on-error", "-d", "gis_idle"]
-    subprocess.run([*restore, "--section=pre-data", dump], check=True)
-
-    def worker_state() -> str:
-        with c.connect("gis_idle") as conn:
-            return conn.execute("SELECT state FROM feature_outbox.workers").fetchone()[0]
-    wait_for(lambda: worker_state() == "idle", 10, "gis_idle's worker to serve it")
-    subprocess.run([*restore, "--section=data", "--section=post-data", dump], check=True)
-    wait_for(lambda: worker_state() == HELD, 5 * POLL + 2, "gis_idle's worker to hold it with no edit")
+    restore_while_served(c, dump, "gis_idle")
+    wait_for(lambda: worker_state(c, "gis_idle") == HELD, 5 * POLL + 2, "gis_idle's worker to hold it with no edit")
     with c.connect("gis_idle") as conn:
         b = conn.execute("SELECT unpublished_rows, relay_held_reason FROM feature_outbox.backlog").fetchone()
     assert b[0] == 0 and "restored copy of database gis" in b[1], b

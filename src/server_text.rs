@@ -16,9 +16,7 @@ impl FromDatum for ServerText {
             return None;
         }
         let bytes = unsafe { crate::datum_bytes::of(datum) };
-        if let Ok(text) = std::str::from_utf8(bytes)
-            && (bytes.is_ascii() || unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32)
-        {
+        if let Some(text) = utf8_as_is(bytes) {
             return Some(ServerText(text.to_owned()));
         }
         let converted = unsafe {
@@ -27,6 +25,13 @@ impl FromDatum for ServerText {
         };
         Some(ServerText(String::from_utf8_lossy(converted).into_owned()))
     }
+}
+
+/// Text in the database's encoding that is UTF-8 as it is: any text of a UTF8 database, ASCII
+/// text of another. None where it needs converting.
+pub fn utf8_as_is(bytes: &[u8]) -> Option<&str> {
+    let utf8 = bytes.is_ascii() || unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32;
+    utf8.then(|| std::str::from_utf8(bytes).ok()).flatten()
 }
 
 unsafe impl<'fcx> ArgAbi<'fcx> for ServerText {

@@ -94,7 +94,7 @@ pub(super) unsafe fn try_moved_geojson(fcinfo: pg_sys::FunctionCallInfo, _declar
     unsafe {
         let id = moved_id(fcinfo)?;
         // Text that is not UTF-8 (non-ASCII in a database of another encoding) is _edit's way.
-        let text = std::str::from_utf8(utf8_text(fcinfo, 1)?).ok()?;
+        let text = crate::server_text::utf8_as_is(datum_bytes::arg(fcinfo, 1))?;
         let ewkb = super::ok_or_report(crate::geojson::to_ewkb(text), "edit_feature");
         let geometry = features_geometry_type()?;
         let geom = postgis::functions(geometry).from_ewkb(&ewkb);
@@ -113,14 +113,6 @@ unsafe fn moved_id(fcinfo: pg_sys::FunctionCallInfo) -> Option<i64> {
             return None;
         }
         pgrx::fcinfo::pg_getarg::<i64>(fcinfo, 0)
-    }
-}
-
-/// Text argument `i` as UTF-8 bytes: always in a UTF8 database, in another only when ASCII.
-unsafe fn utf8_text<'a>(fcinfo: pg_sys::FunctionCallInfo, i: usize) -> Option<&'a [u8]> {
-    unsafe {
-        let bytes = datum_bytes::arg(fcinfo, i);
-        (pg_sys::GetDatabaseEncoding() == pg_sys::pg_enc::PG_UTF8 as i32 || bytes.is_ascii()).then_some(bytes)
     }
 }
 
